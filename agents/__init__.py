@@ -1,0 +1,1 @@
+"""toolgym.agents"""

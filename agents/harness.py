@@ -1,0 +1,87 @@
+"""Harness tracks: ``bare`` (task + tool schemas only) and ``scaffold`` (planning, hints, budget).
+
+Both tracks see the same tasks with the same seeds; only the text around the model differs. Harness
+text is never trained on (the rollout appends it with mask 0).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from toolgym.core import Harness, Message
+from toolgym.errors import ConfigError, did_you_mean
+
+__all__ = ["BareHarness", "ScaffoldHarness", "get_harness", "HARNESSES"]
+
+
+class BareHarness:
+    """The environment's messages, unchanged."""
+
+    name = "bare"
+
+    def start(self, messages: Sequence[Message], *, max_turns: int) -> list[Message]:
+        return copy.deepcopy(list(messages))
+
+    def after_step(self, messages: Sequence[Message], *, turn: int, max_turns: int) -> list[Message]:
+        return copy.deepcopy(list(messages))
+
+
+@dataclass(frozen=True)
+class ScaffoldHarness:
+    """A light agent scaffold.
+
+    * a planning instruction appended to the system message;
+    * after a failed call, a hint that repeats the exact call format;
+    * a step-budget note after every step, and a "last turn: answer now" note;
+    * context compression: tool outputs longer than ``max_tool_chars`` are shortened.
+    """
+
+    max_tool_chars: int = 1_500
+    name: str = "scaffold"
+
+    PLAN = (
+        "Work in steps. First decide which information you need, then call one tool per turn to get it. "
+        "Read each tool result before the next call. When you know the answer, call the answer tool "
+        "with a short answer (a few words, copied from the text when possible)."
+    )
+    HINT = (
+        "Hint: that call failed. Write exactly one call as "
+        '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> with the arguments from the schema.'
+    )
+
+    def start(self, messages: Sequence[Message], *, max_turns: int) -> list[Message]:
+        out = copy.deepcopy(list(messages))
+        note = f"{self.PLAN} You have at most {max_turns} turns."
+        for message in out:
+            if message["role"] == "system":
+                message["content"] = f"{message['content']}\n\n{note}"
+                break
+        else:
+            out.insert(0, {"role": "system", "content": note})
+        return out
+
+    def after_step(self, messages: Sequence[Message], *, turn: int, max_turns: int) -> list[Message]:
+        out = copy.deepcopy(list(messages))
+        for message in out:
+            content = message["content"]
+            if len(content) > self.max_tool_chars:
+                message["content"] = content[: self.max_tool_chars] + f"\n[... shortened by the scaffold: {len(content) - self.max_tool_chars} characters]"
+        notes = []
+        if any(m["content"].startswith("Error:") for m in out):
+            notes.append(self.HINT)
+        left = max_turns - turn
+        notes.append("This is your last turn: give your final answer now." if left <= 1 else f"{left} turns left.")
+        out.append({"role": "user", "content": "\n".join(notes)})
+        return out
+
+
+HARNESSES: dict[str, type] = {"bare": BareHarness, "scaffold": ScaffoldHarness}
+
+
+def get_harness(name: str) -> Harness:
+    """Harness by track name (``bare`` or ``scaffold``)."""
+    if name not in HARNESSES:
+        raise ConfigError(f"unknown harness {name!r}.{did_you_mean(name, HARNESSES)} Choose from: {', '.join(HARNESSES)}")
+    return HARNESSES[name]()

@@ -1,0 +1,58 @@
+"""Policy building blocks: the shared chat-rendering base and the scripted (canned-turn) policy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from toolgym.agents.chat import IM_END, ByteTokenizer, ChatMLTemplate, TextTokenizer
+from toolgym.core import Completion, Message, SamplingParams
+from toolgym.errors import ToolgymError
+
+__all__ = ["ChatPolicy", "ScriptedPolicy"]
+
+
+class ChatPolicy:
+    """Base for policies that render chats with :class:`ChatMLTemplate` and a tokenizer."""
+
+    name = "chat"
+
+    def __init__(self, tokenizer: TextTokenizer, template: ChatMLTemplate | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.template = template or ChatMLTemplate()
+
+    def render(self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False) -> list[int]:
+        if continuation:
+            text = self.template.continuation(messages, close_turn=close_turn)
+        else:
+            text = self.template.start(messages)
+        return list(self.tokenizer.encode(text))
+
+
+class ScriptedPolicy(ChatPolicy):
+    """Replays canned assistant turns, in order; for tests and env debugging without a model.
+
+    Each canned turn is encoded with the policy's tokenizer and ends with ``<|im_end|>`` (a stop),
+    with logprob 0.0 for every token. Running out of turns is an error, not a silent empty turn.
+    """
+
+    name = "scripted"
+
+    def __init__(self, turns: Sequence[str], tokenizer: TextTokenizer | None = None) -> None:
+        super().__init__(tokenizer or ByteTokenizer())
+        self.turns = list(turns)
+        self._next = 0
+
+    def reset(self) -> None:
+        self._next = 0
+
+    async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        if self._next >= len(self.turns):
+            raise ToolgymError(f"ScriptedPolicy ran out of turns after {len(self.turns)}")
+        text = self.turns[self._next]
+        self._next += 1
+        ids = list(self.tokenizer.encode(text + IM_END))
+        finish = "stop"
+        if len(ids) > sampling.max_tokens:
+            ids, finish = ids[: sampling.max_tokens], "length"
+            text = self.tokenizer.decode(ids)
+        return Completion(token_ids=tuple(ids), logprobs=(0.0,) * len(ids), text=text, finish_reason=finish)

@@ -1,0 +1,142 @@
+"""The rollout loop: the only code that runs a policy against an environment.
+
+NOTE (token fidelity): the loop keeps one growing token sequence per episode. The policy's sampled ids
+are appended exactly as sampled (mask 1, with their behaviour logprobs); environment and harness text
+is rendered and tokenised once, when it arrives, and appended with mask 0. Nothing is re-tokenised.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+
+from toolgym.core import Harness, Message, Policy, SamplingParams, Trajectory, sampled_ids_hash
+from toolgym.errors import InfraError
+
+__all__ = ["read_trajectories", "run_episode", "write_trajectories"]
+
+
+async def run_episode(
+    env: gymnasium.Env,
+    policy: Policy,
+    harness: Harness,
+    *,
+    seed: int | None = None,
+    options: dict[str, Any] | None = None,
+    sampling: SamplingParams | None = None,
+    max_total_tokens: int = 4096,
+    env_id: str | None = None,
+) -> Trajectory:
+    """Run one episode and return its :class:`~toolgym.core.Trajectory`.
+
+    Args:
+        env: a toolgym environment (wrapped or not; its async API is used).
+        policy: token-in/token-out policy with a chat template.
+        harness: the track (``bare`` or ``scaffold``).
+        seed, options: passed to ``reset`` (``options["tools"]`` restricts the tool set).
+        sampling: per-turn sampling; ``max_tokens`` is further capped by the episode's token budget.
+        max_total_tokens: the whole sequence's budget; reaching it truncates the episode.
+        env_id: recorded in the trajectory (defaults to the env's spec id).
+
+    An :class:`~toolgym.errors.InfraError` ends the episode with status ``infra_error`` and no reward.
+    """
+    base = env.unwrapped
+    sampling = sampling or SamplingParams()
+    env_id = env_id or (env.spec.id if env.spec is not None else type(base).__name__)
+    t_start = time.perf_counter()
+    t_generate = t_env = 0.0
+    token_ids: list[int] = []
+    loss_mask: list[int] = []
+    logprobs: list[float] = []
+    history: list[Message] = []
+    reward, metrics, status, error = 0.0, {}, "truncated", ""
+    versions: list[int] = []
+    task_id, allowed = "", ()
+
+    def append(ids: Sequence[int], mask: int, lps: Sequence[float] | None = None) -> None:
+        token_ids.extend(ids)
+        loss_mask.extend([mask] * len(ids))
+        logprobs.extend(lps if lps is not None else [0.0] * len(ids))
+
+    try:
+        t0 = time.perf_counter()
+        obs, info = await base.areset(seed=seed, options=options)
+        t_env += time.perf_counter() - t0
+        task_id, allowed = info["task_id"], tuple(info["allowed_tools"])
+        max_turns = base.max_turns
+        messages = harness.start(obs, max_turns=max_turns)
+        history.extend(messages)
+        append(policy.render(messages), 0)
+        for turn in range(1, max_turns + 1):
+            budget = max_total_tokens - len(token_ids)
+            if budget <= 0:
+                metrics["env/token_budget_exhausted"] = 1.0
+                break
+            t0 = time.perf_counter()
+            completion = await policy.generate(token_ids, replace(sampling, max_tokens=min(sampling.max_tokens, budget)))
+            t_generate += time.perf_counter() - t0
+            versions.append(completion.policy_version)
+            append(completion.token_ids, 1, completion.logprobs)
+            history.append({"role": "assistant", "content": completion.text})
+            t0 = time.perf_counter()
+            obs, reward, terminated, truncated, info = await base.astep(completion.text)
+            t_env += time.perf_counter() - t0
+            metrics.update(info.get("metrics", {}))
+            if terminated or truncated:
+                status = "ok" if terminated else "truncated"
+                break
+            new_messages = harness.after_step(obs, turn=turn, max_turns=max_turns)
+            history.extend(new_messages)
+            append(policy.render(new_messages, continuation=True, close_turn=completion.finish_reason == "length"), 0)
+    except InfraError as exc:
+        status, error, reward = "infra_error", f"{type(exc).__name__}: {exc}", 0.0
+    sampled = sum(loss_mask)
+    metrics.update({"tokens/sampled": float(sampled), "tokens/total": float(len(token_ids))})
+    return Trajectory(
+        env_id=env_id,
+        task_id=task_id,
+        seed=seed,
+        harness=harness.name,
+        allowed_tools=allowed,
+        messages=tuple(history),
+        token_ids=tuple(token_ids),
+        loss_mask=tuple(loss_mask),
+        logprobs=tuple(logprobs),
+        reward=float(reward) if status == "ok" else 0.0,
+        metrics=metrics,
+        status=status,
+        policy_version=min(versions) if versions else 0,
+        timings={"time/generate": t_generate, "time/env": t_env, "time/total": time.perf_counter() - t_start},
+        token_hash=sampled_ids_hash(token_ids, loss_mask),
+        error=error,
+    )
+
+
+def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], *, append: bool = True) -> None:
+    """Append trajectories to a JSONL file (one JSON object per line, flushed per line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a" if append else "w", encoding="utf-8") as fh:
+        for trajectory in trajectories:
+            fh.write(trajectory.to_json() + "\n")
+            fh.flush()
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    """Read a JSONL trajectory file; a malformed line is reported with its line number."""
+    out = []
+    with Path(path).open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Trajectory.from_json(line))
+            except (json.JSONDecodeError, TypeError, KeyError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a trajectory record ({exc})") from exc
+    return out

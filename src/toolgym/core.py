@@ -1,0 +1,253 @@
+"""Contracts shared by every part of toolgym (DESIGN.md §3).
+
+This module is mostly docstrings on purpose: it is the one place to read what a Task, a Tool, a
+Verifier, a Policy, a Harness and a Trajectory promise. Environments live in ``toolgym.envs``, tools in
+``toolgym.tools``, policies and the rollout loop in ``toolgym.agents``; each depends on this module
+only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from toolgym.errors import ToolCallError, ToolTimeout
+
+__all__ = [
+    "Completion",
+    "FunctionTool",
+    "Harness",
+    "Message",
+    "Policy",
+    "SamplingParams",
+    "Score",
+    "Task",
+    "Tool",
+    "Trajectory",
+    "Verifier",
+    "call_tool",
+    "sampled_ids_hash",
+    "tool_schema",
+]
+
+#: A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str}`` plus
+#: ``"name"`` on tool messages. Plain dicts of strings so that they JSON round-trip unchanged.
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem an environment can pose.
+
+    Attributes:
+        id: stable identifier, unique within its data set (used to pair tracks and seeds).
+        prompt: the text the agent is given.
+        reference: what the verifier checks against (gold answers, hidden tests, citation ids). Never
+            shown to the agent.
+        metadata: anything else (source, title, difficulty); JSON-serialisable.
+    """
+
+    id: str
+    prompt: str
+    reference: Any
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"id": self.id, "prompt": self.prompt, "reference": self.reference, "metadata": dict(self.metadata)},
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Task:
+        data = json.loads(text)
+        return cls(id=data["id"], prompt=data["prompt"], reference=data["reference"], metadata=data.get("metadata", {}))
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """Something the agent can call.
+
+    ``parameters`` is a JSON schema (``{"type": "object", "properties": ..., "required": ...}``);
+    arguments are validated against it before ``__call__`` runs, so a tool only sees well-typed input.
+    ``__call__`` returns the observation text. It raises only :class:`~toolgym.errors.ToolError` for
+    the model's mistakes and :class:`~toolgym.errors.InfraError` for infrastructure failures; anything
+    else is a bug and propagates. ``timeout`` (seconds) bounds one call. A ``terminal`` tool ends the
+    episode: its (single) argument is the agent's answer.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    timeout: float
+    terminal: bool
+
+    async def __call__(self, **arguments: Any) -> str: ...
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """A :class:`Tool` made from a plain (sync or async) function.
+
+    ``terminal`` tools are never executed by the environment: their argument is taken as the answer.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    fn: Callable[..., str | Awaitable[str]] | None = None
+    timeout: float = 30.0
+    terminal: bool = False
+
+    async def __call__(self, **arguments: Any) -> str:
+        if self.fn is None:
+            raise ToolCallError("this tool ends the episode and has no output", tool=self.name)
+        result = self.fn(**arguments)
+        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+            result = await result
+        return str(result)
+
+
+def tool_schema(tool: Tool) -> dict[str, Any]:
+    """The OpenAI/Hermes function schema of a tool: ``{"type": "function", "function": {...}}``."""
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": dict(tool.parameters)},
+    }
+
+
+async def call_tool(tool: Tool, arguments: Mapping[str, Any]) -> str:
+    """Run one tool call under its timeout (raises :class:`ToolTimeout` past it)."""
+    try:
+        return await asyncio.wait_for(tool(**arguments), timeout=tool.timeout)
+    except TimeoutError:
+        raise ToolTimeout(f"timed out after {tool.timeout:g} s", tool=tool.name) from None
+
+
+@dataclass(frozen=True)
+class Score:
+    """A verifier's verdict: the scalar reward and namespaced metrics (``reward/em``, ``reward/f1``)."""
+
+    reward: float
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Scores a finished episode. Pure, deterministic and offline.
+
+    Its exceptions propagate: a verifier bug is an error, never reward 0. An *answer* the model got
+    wrong (wrong type, empty) is a legitimate reward 0 with a metric that says why.
+    """
+
+    def score(self, task: Task, answer: Any, trajectory: Sequence[Message]) -> Score: ...
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one assistant turn."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a policy sampled: exact token ids (the ones to train on), their logprobs, and the text.
+
+    ``finish_reason`` is ``"stop"`` (end-of-turn token, included in ``token_ids``) or ``"length"``.
+    ``policy_version`` counts the weight updates the sampling policy had seen.
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: Literal["stop", "length"]
+    policy_version: int = 0
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Token-in/token-out text generator, plus the chat template that turns messages into tokens.
+
+    ``render`` tokenises messages once: ``continuation=False`` renders the start of a conversation,
+    ``continuation=True`` renders messages that follow an assistant turn (``close_turn=True`` first
+    ends an assistant turn that stopped on the length limit). Both end with the assistant generation
+    prompt. The rollout never re-tokenises earlier turns.
+    """
+
+    name: str
+
+    def render(self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False) -> list[int]: ...
+
+    async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion: ...
+
+
+@runtime_checkable
+class Harness(Protocol):
+    """What surrounds the model in an episode (``bare`` or ``scaffold``).
+
+    ``start`` rewrites the reset observation (e.g. adds a planning instruction); ``after_step``
+    rewrites a step's observation (e.g. adds tool-error hints and the remaining step budget). Harness
+    text is context, never trained on (mask 0).
+    """
+
+    name: str
+
+    def start(self, messages: Sequence[Message], *, max_turns: int) -> list[Message]: ...
+
+    def after_step(self, messages: Sequence[Message], *, turn: int, max_turns: int) -> list[Message]: ...
+
+
+def sampled_ids_hash(token_ids: Sequence[int], loss_mask: Sequence[int]) -> str:
+    """A receipt of the policy-sampled tokens (mask 1), in order, checked again by the learner."""
+    sampled = [t for t, m in zip(token_ids, loss_mask, strict=True) if m]
+    return hashlib.sha256(json.dumps(sampled).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A finished episode, as written to JSONL.
+
+    NOTE (masks): ``loss_mask[i] == 1`` exactly when ``token_ids[i]`` was sampled by the policy in this
+    episode; prompt, tool output and harness text are 0. ``logprobs[i]`` is the behaviour policy's
+    logprob for mask-1 tokens and 0.0 elsewhere. ``token_hash`` is :func:`sampled_ids_hash` of the
+    sampled ids, so a learner can refuse a trajectory whose tokens were altered after sampling.
+
+    ``status`` is ``ok`` (terminated by an answer), ``truncated`` (turn or token budget ran out) or
+    ``infra_error`` (the environment's infrastructure failed; never train on or score it).
+    """
+
+    env_id: str
+    task_id: str
+    seed: int | None
+    harness: str
+    allowed_tools: tuple[str, ...]
+    messages: tuple[Message, ...]
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    reward: float
+    metrics: Mapping[str, float]
+    status: Literal["ok", "truncated", "infra_error"]
+    policy_version: int = 0
+    timings: Mapping[str, float] = field(default_factory=dict)
+    token_hash: str = ""
+    error: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Trajectory:
+        data = json.loads(text)
+        for key in ("allowed_tools", "messages", "token_ids", "loss_mask", "logprobs"):
+            data[key] = tuple(data[key])
+        return cls(**data)

@@ -1,0 +1,363 @@
+"""The thin environment base: turn bookkeeping for every multi-turn tool environment.
+
+A concrete environment supplies tasks, its tools and a verifier; :class:`ToolEnv` does the rest:
+seeded task choice, the tool-set restriction (``options["tools"]``, the curriculum's lever), parsing
+the assistant's raw text, running calls under their timeouts at the one try/except boundary, turning
+the model's mistakes into observations, the turn limit (truncation), and the sparse terminal reward.
+
+Episode protocol:
+    * ``reset`` returns two messages: a system message listing the allowed tools as JSON schemas in
+      the default call format, and the task prompt as a user message. ``info["tools"]`` holds the same
+      schemas as structured data (for OpenAI-style servers).
+    * ``step(action)`` takes the assistant's raw text. A call to a *terminal* tool (``answer``,
+      ``submit``) ends the episode, and so does an ``<answer>...</answer>`` tag or, by default, a turn
+      with no tool call at all (its text is the answer). Otherwise the observation is one ``tool``
+      message per call or error, and the reward is 0.
+    * The reward is the verifier's, computed once, at the terminal step. A verifier exception
+      propagates; an :class:`~toolgym.errors.InfraError` from a tool propagates too (the rollout marks
+      the trajectory ``infra_error``).
+
+The async methods (``areset``/``astep``) are the primary API; ``reset``/``step`` run them on a private
+event loop owned by the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import string
+from collections.abc import Coroutine, Sequence
+from typing import Any, ClassVar
+
+import gymnasium
+import numpy as np
+
+from toolgym.core import Message, Score, Task, Tool, Verifier, call_tool, tool_schema
+from toolgym.errors import ConfigError, ToolError, ToolgymError, did_you_mean
+from toolgym.parsing import ParsedTurn, parse, tools_system_prompt
+
+__all__ = ["MessagesSpace", "TextSpace", "ToolEnv"]
+
+#: Longest tool observation kept; longer outputs are cut with a note saying how much was dropped.
+MAX_OBSERVATION_CHARS = 8_000
+
+
+class MessagesSpace(gymnasium.spaces.Space):
+    """Observation space: a list of chat messages (dicts with string ``role`` and ``content``)."""
+
+    ROLES = ("system", "user", "assistant", "tool")
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, list) and all(
+            isinstance(m, dict)
+            and m.get("role") in self.ROLES
+            and isinstance(m.get("content"), str)
+            and all(isinstance(v, str) for v in m.values())
+            for m in x
+        )
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        n = int(self.np_random.integers(1, 3))
+        return [{"role": "tool", "name": "sample", "content": _random_text(self.np_random, 40)} for _ in range(n)]
+
+    def __repr__(self) -> str:
+        return "MessagesSpace()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MessagesSpace)
+
+
+class TextSpace(gymnasium.spaces.Space):
+    """Action space: any string up to ``max_length`` characters (the assistant's raw text)."""
+
+    def __init__(self, max_length: int = 1_000_000, seed: int | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.max_length = max_length
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        return _random_text(self.np_random, 60)
+
+    def __repr__(self) -> str:
+        return f"TextSpace(max_length={self.max_length})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TextSpace) and other.max_length == self.max_length
+
+
+def _random_text(rng: np.random.Generator, max_len: int) -> str:
+    alphabet = string.ascii_letters + string.digits + " .,<>{}\"':"
+    n = int(rng.integers(1, max_len))
+    return "".join(alphabet[i] for i in rng.integers(0, len(alphabet), size=n))
+
+
+class ToolEnv(gymnasium.Env[list[Message], str]):
+    """Base class of toolgym environments (see the module docstring for the protocol).
+
+    Subclasses set ``tasks`` and ``verifier`` in ``__init__`` and implement :meth:`episode_tools`.
+    They may override :meth:`close_episode` to release per-episode resources (a sandbox container).
+
+    Args:
+        max_turns: assistant turns before the episode is truncated.
+        render_mode: ``"ansi"`` renders the transcript as text.
+        max_calls_per_turn: tool calls run per turn; extra calls get an error observation.
+        plain_text_is_answer: when true, a turn with no tool call and no parse error ends the episode
+            with its text as the answer.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    #: Short description shown by ``toolgym envs``.
+    description: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        max_turns: int = 8,
+        render_mode: str | None = None,
+        max_calls_per_turn: int = 1,
+        plain_text_is_answer: bool = True,
+    ) -> None:
+        if max_turns < 1:
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.max_turns = max_turns
+        self.render_mode = render_mode
+        self.max_calls_per_turn = max_calls_per_turn
+        self.plain_text_is_answer = plain_text_is_answer
+        self.observation_space = MessagesSpace()
+        self.action_space = TextSpace()
+        self.tasks: Sequence[Task] = ()
+        self.verifier: Verifier | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: Task | None = None
+        self._tools: dict[str, Tool] = {}
+        self._history: list[Message] = []
+        self._turn = 0
+        self._done = True
+        self._metrics: dict[str, float] = {}
+        self._closed = False
+
+    # ----------------------------------------------------------------- subclass hooks
+    async def episode_tools(self, task: Task) -> Sequence[Tool]:
+        """All tools available for ``task`` (the terminal one included). Called at every reset."""
+        raise NotImplementedError(f"{type(self).__name__} must implement episode_tools()")
+
+    async def close_episode(self) -> None:
+        """Release per-episode resources. Called before each reset and by ``close``; idempotent."""
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def task(self) -> Task:
+        if self._task is None:
+            raise ToolgymError("no task yet: call reset() first")
+        return self._task
+
+    @property
+    def allowed_tools(self) -> tuple[str, ...]:
+        return tuple(self._tools)
+
+    @property
+    def history(self) -> list[Message]:
+        """The transcript of the current episode, as the environment saw it."""
+        return copy.deepcopy(self._history)
+
+    def task_ids(self) -> list[str]:
+        return [t.id for t in self.tasks]
+
+    # ----------------------------------------------------------------- async API
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        super().reset(seed=seed)
+        if self._closed:
+            raise ToolgymError("this environment is closed; make a new one")
+        await self.close_episode()
+        options = dict(options or {})
+        unknown = sorted(set(options) - {"task_id", "task_index", "tools"})
+        if unknown:
+            raise ConfigError(
+                f"unknown reset option {unknown[0]!r}.{did_you_mean(unknown[0], ['task_id', 'task_index', 'tools'])} "
+                "Known options: task_id, task_index, tools"
+            )
+        self._task = self._choose_task(options)
+        tools = {t.name: t for t in await self.episode_tools(self._task)}
+        self._tools = self._restrict(tools, options.get("tools"))
+        self._turn, self._done, self._metrics = 0, False, {}
+        schemas = [tool_schema(t) for t in self._tools.values()]
+        obs: list[Message] = [
+            {"role": "system", "content": tools_system_prompt(schemas)},
+            {"role": "user", "content": self._task.prompt},
+        ]
+        self._history = copy.deepcopy(obs)
+        info = {
+            "task_id": self._task.id,
+            "tools": schemas,
+            "allowed_tools": list(self._tools),
+            "max_turns": self.max_turns,
+        }
+        return obs, info
+
+    async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise ToolgymError("the episode is over (or never started): call reset() before step()")
+        self._turn += 1
+        self._history.append({"role": "assistant", "content": action if isinstance(action, str) else repr(action)})
+        parsed = parse(
+            action,
+            {name: t.parameters for name, t in self._tools.items()},
+            max_calls=self.max_calls_per_turn,
+        )
+        obs: list[Message] = []
+        for err in parsed.errors:
+            self._count("env/parse_errors")
+            obs.append({"role": "tool", "name": err.tool or "error", "content": err.observation()})
+        terminated, answer = False, None
+        for call in parsed.calls:
+            tool = self._tools[call.name]
+            self._count(f"tool/{call.name}/calls")
+            if tool.terminal:
+                terminated, answer = True, _terminal_answer(tool, call.arguments)
+                break
+            obs.append({"role": "tool", "name": call.name, "content": await self._run_tool(tool, call.arguments)})
+        if not terminated and not parsed.calls:
+            terminated, answer = self._text_answer(parsed)
+        self._history.extend(copy.deepcopy(obs))
+        reward, truncated = 0.0, False
+        info: dict[str, Any] = {"turn": self._turn}
+        if terminated:
+            score = self._score(answer)
+            reward = float(score.reward)
+            info["answer"] = copy.deepcopy(answer)
+        elif self._turn >= self.max_turns:
+            truncated = True
+            self._metrics["env/truncated"] = 1.0
+        if terminated or truncated:
+            self._done = True
+            self._metrics["env/turns"] = float(self._turn)
+            info["metrics"] = dict(self._metrics)
+        return obs, reward, terminated, truncated, info
+
+    # ----------------------------------------------------------------- sync API (gymnasium)
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        return self._run_sync(self.areset(seed=seed, options=options))
+
+    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        return self._run_sync(self.astep(action))
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n\n".join(f"[{m['role']}{'/' + m['name'] if 'name' in m else ''}]\n{m['content']}" for m in self._history)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._run_sync(self.close_episode(), allow_closed=True)
+        finally:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.close()
+            self._loop = None
+
+    async def aclose(self) -> None:
+        """Async twin of :meth:`close` for environments driven from a running event loop."""
+        if not self._closed:
+            await self.close_episode()
+            self._closed = True
+
+    # ----------------------------------------------------------------- internals
+    def _choose_task(self, options: dict[str, Any]) -> Task:
+        if not self.tasks:
+            raise ConfigError(f"{type(self).__name__} has no tasks")
+        if "task_id" in options:
+            wanted = str(options["task_id"])
+            for task in self.tasks:
+                if task.id == wanted:
+                    return task
+            raise ConfigError(f"no task with id {wanted!r}.{did_you_mean(wanted, self.task_ids())}")
+        if "task_index" in options:
+            index = options["task_index"]
+            if not isinstance(index, int) or not 0 <= index < len(self.tasks):
+                raise ConfigError(f"task_index must be an int in [0, {len(self.tasks)}), got {index!r}")
+            return self.tasks[index]
+        return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+
+    @staticmethod
+    def _restrict(tools: dict[str, Tool], allowed: Any) -> dict[str, Tool]:
+        """Keep only the allowed tools; terminal tools always stay (an episode must be able to end)."""
+        if allowed is None:
+            return tools
+        if isinstance(allowed, str) or not all(isinstance(a, str) for a in allowed):
+            raise ConfigError(f'options["tools"] must be a list of tool names, got {allowed!r}')
+        for name in allowed:
+            if name not in tools:
+                raise ConfigError(f"unknown tool {name!r} in options['tools'].{did_you_mean(name, tools)} Available: {', '.join(tools)}")
+        return {n: t for n, t in tools.items() if n in set(allowed) or t.terminal}
+
+    async def _run_tool(self, tool: Tool, arguments: Any) -> str:
+        # NOTE: the one try/except boundary: the model's mistakes (ToolError) become observations;
+        # InfraError and genuine bugs propagate to the caller.
+        try:
+            output = await call_tool(tool, arguments)
+        except ToolError as err:
+            self._count(f"tool/{tool.name}/errors")
+            if err.tool is None:
+                err.tool = tool.name
+            return err.observation()
+        if len(output) > MAX_OBSERVATION_CHARS:
+            cut = len(output) - MAX_OBSERVATION_CHARS
+            output = output[:MAX_OBSERVATION_CHARS] + f"\n[... {cut} more characters not shown]"
+        return output
+
+    def _text_answer(self, parsed: ParsedTurn) -> tuple[bool, Any]:
+        if parsed.answer is not None:
+            return True, parsed.answer
+        if self.plain_text_is_answer and not parsed.errors:
+            return True, parsed.content
+        return False, None
+
+    def _score(self, answer: Any) -> Score:
+        if self.verifier is None:
+            raise ConfigError(f"{type(self).__name__} has no verifier")
+        score = self.verifier.score(self.task, answer, self.history)
+        self._metrics.update(score.metrics)
+        return score
+
+    def _count(self, key: str) -> None:
+        self._metrics[key] = self._metrics.get(key, 0.0) + 1.0
+
+    def _run_sync(self, coro: Coroutine[Any, Any, Any], *, allow_closed: bool = False) -> Any:
+        if self._closed and not allow_closed:
+            coro.close()
+            raise ToolgymError("this environment is closed; make a new one")
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._loop.run_until_complete(coro)
+        # Called from inside a running loop (a notebook): run on our loop in a helper thread.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(self._loop.run_until_complete, coro).result()
+
+
+def _terminal_answer(tool: Tool, arguments: Any) -> Any:
+    """A terminal tool's answer: its single argument's value, or the whole argument dict."""
+    props = list(tool.parameters.get("properties", {}))
+    if len(props) == 1:
+        return copy.deepcopy(arguments.get(props[0]))
+    return copy.deepcopy(dict(arguments))

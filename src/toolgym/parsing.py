@@ -1,0 +1,257 @@
+"""Tool-call parsing: assistant text -> :class:`ParsedTurn`. Total: it never raises.
+
+Default format (Hermes / Qwen)::
+
+    <tool_call>{"name": "search", "arguments": {"query": "Super Bowl 50", "k": 3}}</tool_call>
+
+An answer may also be given as ``<answer>...</answer>``. Parsing and validating a call are one stage;
+running it is the environment's (a second stage with its own error type, ``ToolCallError``). Every
+malformed call becomes a :class:`~toolgym.errors.ToolParseError` *value* in ``ParsedTurn.errors`` whose
+``observation()`` is shown to the model; nothing here ends an episode.
+
+The parser lives in the core (not in ``toolgym.agents``) because environments parse their actions and
+may not depend on agents (DESIGN.md §2); ``toolgym.agents`` re-exports it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from toolgym.errors import ToolParseError, did_you_mean
+
+__all__ = ["ParsedTurn", "ToolCall", "format_tool_call", "parse", "tools_system_prompt"]
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)
+#: Longest accepted tool call (characters between the tags). Larger calls are refused, not parsed.
+MAX_CALL_CHARS = 65_536
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A validated call: ``arguments`` already satisfy the tool's JSON schema."""
+
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """An assistant turn split into free text, valid calls, errors, and an ``<answer>`` if present."""
+
+    content: str
+    calls: tuple[ToolCall, ...] = ()
+    errors: tuple[ToolParseError, ...] = field(default=())
+    answer: str | None = None
+
+
+def tools_system_prompt(schemas: list[dict[str, Any]]) -> str:
+    """The Hermes-style system text that lists tools and shows the call format with one example."""
+    lines = [
+        "You are a helpful assistant that can call tools.",
+        "You may call one tool per turn. The tools are described as JSON schemas inside <tools></tools>:",
+        "<tools>",
+        *(json.dumps(s, ensure_ascii=False) for s in schemas),
+        "</tools>",
+        "To call a tool, reply with a JSON object inside <tool_call></tool_call> tags, for example:",
+    ]
+    if schemas:
+        fn = schemas[0]["function"]
+        example = {k: _example_value(v) for k, v in fn["parameters"].get("properties", {}).items()}
+        lines.append(format_tool_call(fn["name"], example))
+    lines.append("Tool results come back in messages from the tool. Call the answer tool when you are done.")
+    return "\n".join(lines)
+
+
+def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
+    """Render a call in the default format (what a well-behaved model writes)."""
+    return f"{OPEN}{json.dumps({'name': name, 'arguments': dict(arguments)}, ensure_ascii=False)}{CLOSE}"
+
+
+def _example_value(schema: Mapping[str, Any]) -> Any:
+    return {"integer": 3, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(schema.get("type", ""), "...")
+
+
+def parse(
+    text: str | bytes,
+    tools: Mapping[str, Mapping[str, Any]],
+    *,
+    max_calls: int = 1,
+    max_call_chars: int = MAX_CALL_CHARS,
+) -> ParsedTurn:
+    """Parse one assistant turn.
+
+    Args:
+        text: the raw assistant text (``bytes`` are decoded as UTF-8; undecodable bytes are an error).
+        tools: tool name -> JSON schema of its parameters (the tools allowed in this episode).
+        max_calls: calls allowed per turn; the first ``max_calls`` valid calls are kept.
+        max_call_chars: longest call accepted.
+
+    Returns:
+        A :class:`ParsedTurn`. Never raises.
+    """
+    try:
+        return _parse(text, tools, max_calls=max_calls, max_call_chars=max_call_chars)
+    except Exception as exc:  # noqa: BLE001 - the parser is total by contract; this is the one guard
+        return ParsedTurn(content="", errors=(ToolParseError(f"could not parse the turn ({type(exc).__name__})"),))
+
+
+def _parse(text: str | bytes, tools: Mapping[str, Mapping[str, Any]], *, max_calls: int, max_call_chars: int) -> ParsedTurn:
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return ParsedTurn(content="", errors=(ToolParseError(f"the turn is not valid UTF-8 (byte {exc.start})"),))
+    if not isinstance(text, str):
+        return ParsedTurn(content="", errors=(ToolParseError(f"expected the turn as text, got {type(text).__name__}"),))
+    if _has_surrogates(text):
+        return ParsedTurn(content="", errors=(ToolParseError("the turn contains invalid Unicode (a lone surrogate)"),))
+    if not text.strip():
+        return ParsedTurn(content=text, errors=(ToolParseError("empty turn: write a tool call or an answer"),))
+
+    errors: list[ToolParseError] = []
+    bodies, content = _split_blocks(text, errors)
+    calls: list[ToolCall] = []
+    for body in bodies:
+        call = _parse_call(body, tools, max_call_chars, errors)
+        if call is not None:
+            calls.append(call)
+    if len(calls) > max_calls:
+        errors.append(
+            ToolParseError(
+                f"too many tool calls in one turn (got {len(calls)}, at most {max_calls}); "
+                f"only the first {max_calls} ran"
+            )
+        )
+        calls = calls[:max_calls]
+    match = _ANSWER.search(content)
+    answer = match.group(1).strip() if match else None
+    return ParsedTurn(content=content.strip(), calls=tuple(calls), errors=tuple(errors), answer=answer)
+
+
+def _split_blocks(text: str, errors: list[ToolParseError]) -> tuple[list[str], str]:
+    """Cut ``<tool_call>`` blocks out of the text; report unclosed, nested and stray tags."""
+    bodies: list[str] = []
+    outside: list[str] = []
+    pos = 0
+    while True:
+        start = text.find(OPEN, pos)
+        stray = text.find(CLOSE, pos)
+        if stray != -1 and (start == -1 or stray < start):
+            errors.append(ToolParseError(f"found {CLOSE} without a matching {OPEN}"))
+            outside.append(text[pos:stray])
+            pos = stray + len(CLOSE)
+            continue
+        if start == -1:
+            outside.append(text[pos:])
+            break
+        outside.append(text[pos:start])
+        end = text.find(CLOSE, start)
+        if end == -1:
+            errors.append(ToolParseError(f"unclosed {OPEN} tag: end the call with {CLOSE}"))
+            break
+        body = text[start + len(OPEN) : end]
+        if OPEN in body:
+            errors.append(ToolParseError(f"nested {OPEN} tags: put one JSON object in each {OPEN}...{CLOSE}"))
+            depth_end = end + len(CLOSE)
+            # Skip the outer block entirely, including a second closing tag if the nesting had one.
+            nxt_open, nxt_close = text.find(OPEN, depth_end), text.find(CLOSE, depth_end)
+            if nxt_close != -1 and (nxt_open == -1 or nxt_close < nxt_open):
+                depth_end = nxt_close + len(CLOSE)
+            pos = depth_end
+            continue
+        bodies.append(body)
+        pos = end + len(CLOSE)
+    return bodies, "".join(outside)
+
+
+def _parse_call(
+    body: str, tools: Mapping[str, Mapping[str, Any]], max_call_chars: int, errors: list[ToolParseError]
+) -> ToolCall | None:
+    if len(body) > max_call_chars:
+        errors.append(ToolParseError(f"tool call too long ({len(body)} characters; at most {max_call_chars})"))
+        return None
+    body = body.strip()
+    if not body:
+        errors.append(ToolParseError('empty tool call: expected {"name": ..., "arguments": {...}}'))
+        return None
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as exc:
+        errors.append(ToolParseError(f"tool call is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"))
+        return None
+    if not isinstance(obj, dict):
+        errors.append(ToolParseError(f'tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got {_json_type(obj)}'))
+        return None
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        errors.append(ToolParseError('tool call has no "name" string'))
+        return None
+    extra_keys = sorted(set(obj) - {"name", "arguments"})
+    if extra_keys:
+        errors.append(ToolParseError(f"unexpected key(s) {', '.join(map(repr, extra_keys))} in the call; expected only name and arguments", tool=name))
+        return None
+    if name not in tools:
+        hint = did_you_mean(name, tools)
+        available = ", ".join(sorted(tools)) or "none"
+        errors.append(ToolParseError(f"unknown tool {name!r}.{hint} Available tools: {available}"))
+        return None
+    arguments = obj.get("arguments", {})
+    if isinstance(arguments, str):  # OpenAI style: arguments as a JSON-encoded string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            errors.append(ToolParseError("arguments is a string that is not valid JSON", tool=name))
+            return None
+    if not isinstance(arguments, dict):
+        errors.append(ToolParseError(f"arguments must be a JSON object, got {_json_type(arguments)}", tool=name))
+        return None
+    problem = schema_problem(arguments, tools[name])
+    if problem:
+        errors.append(ToolParseError(problem, tool=name))
+        return None
+    return ToolCall(name=name, arguments=arguments)
+
+
+def schema_problem(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> str | None:
+    """Describe the first way ``arguments`` break ``schema`` (extra keys refused by default), or None."""
+    properties = schema.get("properties", {})
+    if schema.get("additionalProperties", False) is False:
+        extra = sorted(set(arguments) - set(properties))
+        if extra:
+            allowed = ", ".join(sorted(properties)) or "none"
+            return f"unexpected argument {extra[0]!r} (allowed: {allowed})"
+    for key in schema.get("required", []):
+        if key not in arguments:
+            return f"missing required argument {key!r}"
+    validator = jsonschema.Draft202012Validator(dict(schema))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(dict(arguments)))
+    if error is None:
+        return None
+    where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+    if error.validator == "type":
+        expected = error.validator_value if isinstance(error.validator_value, str) else " or ".join(error.validator_value)
+        return f"argument {where!r} must be {expected}, got {_json_type(error.instance)}"
+    return f"argument {where!r}: {error.message}"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

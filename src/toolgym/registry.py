@@ -1,0 +1,55 @@
+"""Registry of toolgym environments under versioned gymnasium ids (``toolgym/<Name>-v<N>``).
+
+The table below is the single list of environments. Entry points are strings, so importing toolgym
+imports no environment module (and none of their optional dependencies). A behaviour change to an
+environment bumps its version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium
+
+from toolgym.errors import ConfigError, did_you_mean
+
+__all__ = ["ENVIRONMENTS", "EnvEntry", "env_ids", "make", "register_all"]
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    id: str
+    entry_point: str
+    description: str
+
+
+ENVIRONMENTS: tuple[EnvEntry, ...] = (
+    EnvEntry(
+        "toolgym/SearchQA-v0",
+        "toolgym.envs.search_qa:SearchQAEnv",
+        "Question answering with search(query, k) and open(doc_id) over a local BM25 index (XQuAD + Wikipedia).",
+    ),
+)
+
+
+def register_all() -> None:
+    """Register every environment with gymnasium (idempotent)."""
+    for entry in ENVIRONMENTS:
+        if entry.id not in gymnasium.registry:
+            gymnasium.register(id=entry.id, entry_point=entry.entry_point)
+
+
+def env_ids() -> list[str]:
+    return [e.id for e in ENVIRONMENTS]
+
+
+def make(env_id: str, **kwargs: Any) -> gymnasium.Env:
+    """``gymnasium.make`` with a "did you mean" answer for unknown ids."""
+    register_all()
+    if env_id not in env_ids():
+        raise ConfigError(
+            f"unknown environment id {env_id!r}.{did_you_mean(env_id, env_ids())} "
+            f"Registered: {', '.join(env_ids())} (see `toolgym envs`)"
+        )
+    return gymnasium.make(env_id, **kwargs)
