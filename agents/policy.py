@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from toolgym.agents.chat import IM_END, ByteTokenizer, ChatMLTemplate, TextTokenizer
 from toolgym.core import Completion, Message, SamplingParams
 from toolgym.errors import ToolgymError
 
-__all__ = ["ChatPolicy", "ScriptedPolicy"]
+__all__ = ["ChatPolicy", "RulePolicy", "ScriptedPolicy"]
 
 
 class ChatPolicy:
@@ -26,6 +26,15 @@ class ChatPolicy:
         else:
             text = self.template.start(messages)
         return list(self.tokenizer.encode(text))
+
+    def complete(self, text: str, sampling: SamplingParams) -> Completion:
+        """A completion for a fixed turn text: its ids plus ``<|im_end|>``, cut at ``max_tokens``."""
+        ids = list(self.tokenizer.encode(text + IM_END))
+        finish = "stop"
+        if len(ids) > sampling.max_tokens:
+            ids, finish = ids[: sampling.max_tokens], "length"
+            text = self.tokenizer.decode(ids)
+        return Completion(token_ids=tuple(ids), logprobs=(0.0,) * len(ids), text=text, finish_reason=finish)
 
 
 class ScriptedPolicy(ChatPolicy):
@@ -50,9 +59,20 @@ class ScriptedPolicy(ChatPolicy):
             raise ToolgymError(f"ScriptedPolicy ran out of turns after {len(self.turns)}")
         text = self.turns[self._next]
         self._next += 1
-        ids = list(self.tokenizer.encode(text + IM_END))
-        finish = "stop"
-        if len(ids) > sampling.max_tokens:
-            ids, finish = ids[: sampling.max_tokens], "length"
-            text = self.tokenizer.decode(ids)
-        return Completion(token_ids=tuple(ids), logprobs=(0.0,) * len(ids), text=text, finish_reason=finish)
+        return self.complete(text, sampling)
+
+
+class RulePolicy(ChatPolicy):
+    """A model-free policy whose turn is a function of the conversation so far (baselines, demos).
+
+    ``rule`` receives the decoded transcript (the rendered ChatML text) and returns the next assistant
+    turn. Deterministic rules make deterministic baselines.
+    """
+
+    def __init__(self, rule: Callable[[str], str], name: str = "rule", tokenizer: TextTokenizer | None = None) -> None:
+        super().__init__(tokenizer or ByteTokenizer())
+        self.rule = rule
+        self.name = name
+
+    async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        return self.complete(self.rule(self.tokenizer.decode(token_ids)), sampling)

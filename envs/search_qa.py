@@ -1,0 +1,256 @@
+"""``toolgym/SearchQA-v0``: question answering with a local BM25 search engine.
+
+The agent gets a question and three tools: ``search(query, k)`` over a local index, ``open(doc_id)``
+to read a whole document, and ``answer(answer)``, which ends the episode. The reward is exact match
+after SQuAD normalisation (lower-case, no punctuation, no articles, single spaces) against any gold
+answer; token F1 is always logged too, and ``metric="f1"`` makes it the reward.
+
+Default data (shipped in the package, CC BY-SA 4.0): the 1,190 XQuAD-en questions over its 240 SQuAD
+paragraphs, plus 10,033 Wikipedia lead paragraphs as distractors. Bring your own with
+``gymnasium.make("toolgym/SearchQA-v0", corpus="docs.jsonl", questions="qs.jsonl")``; the formats are
+in environments.md.
+
+Decisions: document ids are short (``xq0042``, ``wk01234``) so that a small model can copy them; the
+index is built once per (corpus, backend) and cached on disk by the index layer, and shared by all
+environments of a process.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import re
+import string
+import threading
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from toolgym.core import FunctionTool, Message, Score, Task, Tool
+from toolgym.data import read_jsonl
+from toolgym.env import ToolEnv
+from toolgym.errors import ConfigError, ToolCallError, did_you_mean
+
+__all__ = ["ExactMatchVerifier", "SearchQAEnv", "default_corpus", "default_questions", "f1_score", "normalize_answer"]
+
+METRICS = ("em", "f1")
+MAX_K = 10
+SNIPPET_CHARS = 240
+PROMPT = "Question: {question}\nSearch the documents to find the answer, then call the answer tool with a short answer."
+
+
+# ----------------------------------------------------------------------------- verifier
+def normalize_answer(text: str) -> str:
+    """SQuAD v1.1 normalisation: lower-case, drop punctuation and articles, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def f1_score(prediction: str, gold: str) -> float:
+    """SQuAD token-level F1 between normalised strings."""
+    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    common = collections.Counter(pred) & collections.Counter(ref)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / len(pred), overlap / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+class ExactMatchVerifier:
+    """EM (or F1) against the best-matching gold answer; both always in metrics.
+
+    ``task.reference`` is the list of gold answer strings. An answer that is not a string (or is
+    empty) is the model's mistake: reward 0 with ``answer/invalid = 1``. A task without gold answers
+    is a data bug and raises.
+    """
+
+    def __init__(self, metric: str = "em") -> None:
+        if metric not in METRICS:
+            raise ConfigError(f"unknown metric {metric!r}.{did_you_mean(metric, METRICS)} Choose em or f1")
+        self.metric = metric
+
+    def score(self, task: Task, answer: Any, trajectory: Sequence[Message]) -> Score:
+        golds = task.reference
+        if not isinstance(golds, list | tuple) or not golds or not all(isinstance(g, str) for g in golds):
+            raise ValueError(f"task {task.id!r} has no gold answers (reference={golds!r}); fix the data")
+        if not isinstance(answer, str) or not answer.strip():
+            return Score(0.0, {"reward/em": 0.0, "reward/f1": 0.0, "answer/invalid": 1.0})
+        em = max(float(normalize_answer(answer) == normalize_answer(g)) for g in golds)
+        f1 = max(f1_score(answer, g) for g in golds)
+        return Score(em if self.metric == "em" else f1, {"reward/em": em, "reward/f1": f1, "answer/invalid": 0.0})
+
+
+# ----------------------------------------------------------------------------- data
+def _data_dir() -> Path:
+    return Path(str(resources.files("toolgym.envs") / "data" / "search_qa"))
+
+
+def default_corpus() -> list[dict[str, str]]:
+    """XQuAD-en paragraphs (``xq`` ids) followed by the Wikipedia lead paragraphs (``wk`` ids)."""
+    data = json.loads((_data_dir() / "xquad.en.json").read_text(encoding="utf-8"))
+    docs = []
+    for article in data["data"]:
+        title = article["title"].replace("_", " ")
+        for paragraph in article["paragraphs"]:
+            docs.append({"id": f"xq{len(docs):04d}", "title": title, "text": paragraph["context"]})
+    with gzip.open(_data_dir() / "wiki_vital_summaries_en.json.gz", "rt", encoding="utf-8") as fh:
+        wiki = json.load(fh)
+    for i, key in enumerate(sorted(wiki)):
+        entry = wiki[key]
+        docs.append({"id": f"wk{i:05d}", "title": entry["title"], "text": entry["extract"]})
+    return docs
+
+
+def default_questions() -> list[Task]:
+    """XQuAD-en questions; ``metadata["gold_doc"]`` is the paragraph that answers each."""
+    data = json.loads((_data_dir() / "xquad.en.json").read_text(encoding="utf-8"))
+    tasks, para = [], 0
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                answers = list(dict.fromkeys(a["text"] for a in qa["answers"]))
+                tasks.append(Task(qa["id"], PROMPT.format(question=qa["question"]), answers, {"question": qa["question"], "gold_doc": f"xq{para:04d}", "source": "xquad-en"}))
+            para += 1
+    return tasks
+
+
+def _load_questions(path: str | Path) -> list[Task]:
+    tasks = []
+    seen: set[str] = set()
+    for lineno, record in enumerate(read_jsonl(path, required=("id", "question", "answers"), kind="question"), 1):
+        answers = record["answers"]
+        if isinstance(answers, str):
+            answers = [answers]
+        if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+            raise ConfigError(f"{path}: record {lineno} (id {record['id']!r}): 'answers' must be a non-empty list of strings")
+        if str(record["id"]) in seen:
+            raise ConfigError(f"{path}: record {lineno}: duplicate question id {record['id']!r}")
+        seen.add(str(record["id"]))
+        meta = {k: v for k, v in record.items() if k not in ("id", "answers")}
+        tasks.append(Task(str(record["id"]), PROMPT.format(question=record["question"]), answers, meta))
+    if not tasks:
+        raise ConfigError(f"{path}: no questions")
+    return tasks
+
+
+def _load_corpus(path: str | Path) -> list[dict[str, str]]:
+    docs = [
+        {"id": str(r["id"]), "title": str(r.get("title", "")), "text": str(r["text"])}
+        for r in read_jsonl(path, required=("id", "text"), kind="document")
+    ]
+    if not docs:
+        raise ConfigError(f"{path}: no documents")
+    return docs
+
+
+_INDEXES: dict[tuple[str, str], Any] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+def _shared_index(key: str, backend: str, docs_factory: Any) -> Any:
+    """One index per (corpus, backend) per process; the index layer caches it on disk."""
+    from toolgym.tools.index import build_index
+
+    with _INDEX_LOCK:
+        if (key, backend) not in _INDEXES:
+            _INDEXES[(key, backend)] = build_index(docs_factory(), backend=backend)
+        return _INDEXES[(key, backend)]
+
+
+# ----------------------------------------------------------------------------- environment
+class SearchQAEnv(ToolEnv):
+    """Search-based question answering (see the module docstring).
+
+    Args:
+        corpus: JSONL of ``{"id", "title", "text"}`` documents; default: XQuAD + Wikipedia.
+        questions: JSONL of ``{"id", "question", "answers": [...]}``; default: XQuAD-en.
+        backend: search backend, ``"default"`` (in-process BM25) or ``"pyserini"`` (Lucene).
+        metric: ``"em"`` (default) or ``"f1"`` as the reward; both are logged.
+        max_turns: assistant turns before truncation.
+    """
+
+    description = "Question answering with search(query, k) and open(doc_id) over a local BM25 index."
+
+    def __init__(
+        self,
+        corpus: str | Path | None = None,
+        questions: str | Path | None = None,
+        *,
+        backend: str = "default",
+        metric: str = "em",
+        max_turns: int = 6,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
+        self.verifier = ExactMatchVerifier(metric)
+        self.tasks = _load_questions(questions) if questions is not None else default_questions()
+        if corpus is None:
+            self.index = _shared_index("default", backend, default_corpus)
+        else:
+            path = Path(corpus).resolve()
+            self.index = _shared_index(str(path), backend, lambda: _load_corpus(path))
+        self._tool_list = self._make_tools()
+
+    async def episode_tools(self, task: Task) -> Sequence[Tool]:
+        return self._tool_list
+
+    def _make_tools(self) -> list[Tool]:
+        index = self.index
+
+        def search(query: str, k: int = 3) -> str:
+            if not query.strip():
+                raise ToolCallError("empty query: pass the words to search for", tool="search")
+            if not 1 <= k <= MAX_K:
+                raise ToolCallError(f"k must be between 1 and {MAX_K}, got {k}", tool="search")
+            hits = index.search(query, k=k)
+            if not hits:
+                return "No results. Try other words."
+            lines = []
+            for hit in hits:
+                doc = index.get(hit.doc_id)
+                snippet = doc["text"][:SNIPPET_CHARS] + ("..." if len(doc["text"]) > SNIPPET_CHARS else "")
+                lines.append(f"[{hit.doc_id}] {doc['title']}: {snippet}")
+            return "\n".join(lines)
+
+        def open_doc(doc_id: str) -> str:
+            try:
+                doc = index.get(doc_id.strip())
+            except KeyError:
+                raise ToolCallError(f"no document with id {doc_id!r}; use an id from the search results", tool="open") from None
+            return f"[{doc['id']}] {doc['title']}\n{doc['text']}"
+
+        return [
+            FunctionTool(
+                "search",
+                "Search the document collection. Returns up to k results as [doc_id] title: snippet.",
+                {
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string", "description": "words to search for"},
+                        "k": {"type": "integer", "description": f"number of results, 1-{MAX_K}", "default": 3},
+                    },
+                    "required": ["query"],
+                },
+                fn=search,
+                timeout=10.0,
+            ),
+            FunctionTool(
+                "open",
+                "Read the full text of a document by its id.",
+                {"type": "object", "properties": {"doc_id": {"type": "string", "description": "id from search results"}}, "required": ["doc_id"]},
+                fn=open_doc,
+                timeout=10.0,
+            ),
+            FunctionTool(
+                "answer",
+                "Give the final answer (a short phrase). Ends the episode.",
+                {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+                terminal=True,
+            ),
+        ]
+

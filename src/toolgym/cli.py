@@ -1,0 +1,271 @@
+"""The ``toolgym`` command line.
+
+The CLI is the composition root: it may import every subpackage (lazily, inside each command, so
+``toolgym envs`` starts fast and a missing extra only matters to the command that needs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from toolgym.errors import ConfigError, ToolgymError, did_you_mean
+
+POLICIES = ("smollm2", "scripted", "hf")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ToolgymError as exc:
+        print(f"toolgym: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("toolgym: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="toolgym", description="Multi-turn tool-use environments, evaluation and RL training.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(title="commands")
+
+    p = sub.add_parser("envs", help="list registered environment ids")
+    p.set_defaults(func=cmd_envs)
+
+    p = sub.add_parser("eval", help="evaluate a policy on an environment, bare and scaffold tracks side by side")
+    p.add_argument("--env", required=True, help="environment id, e.g. toolgym/SearchQA-v0")
+    p.add_argument("--policy", default="smollm2", help="smollm2 (embedded model), scripted (model-free baseline), or hf:PATH (a local HF model dir)")
+    p.add_argument("--harness", default="bare,scaffold", help="comma-separated tracks (bare, scaffold)")
+    p.add_argument("--n", type=int, default=50, help="number of tasks (the same ones on every track)")
+    p.add_argument("--seed", type=int, default=0, help="seed for task choice and episodes")
+    p.add_argument("--out", type=Path, default=None, help="directory for trajectories and summary.json")
+    p.add_argument("--concurrency", type=int, default=8, help="episodes in flight (the model batches them)")
+    p.add_argument("--max-tokens", type=int, default=96, help="tokens per assistant turn")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="environment constructor argument (JSON value)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("play", help="play an environment by hand: you type the agent's turns")
+    p.add_argument("env", help="environment id")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--task-id", default=None)
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_play)
+
+    p = sub.add_parser("index", help="search indexes")
+    isub = p.add_subparsers(title="index commands")
+    b = isub.add_parser("build", help="build (or reuse) a cached search index from a JSONL corpus")
+    b.add_argument("--corpus", type=Path, required=True, help='JSONL, one {"id", "title", "text"} per line')
+    b.add_argument("--backend", default="default", help="default (in-process BM25) or pyserini (Lucene)")
+    b.add_argument("--out", type=Path, default=None, help="index directory (default: the cache)")
+    b.set_defaults(func=cmd_index_build)
+
+    p = sub.add_parser("new-env", help="write a minimal environment (module + test) to start from")
+    p.add_argument("name", help="environment name, e.g. Weather")
+    p.add_argument("--dir", type=Path, default=Path("."), help="where to write the files")
+    p.set_defaults(func=cmd_new_env)
+    return parser
+
+
+# ----------------------------------------------------------------------------- commands
+def cmd_envs(args: argparse.Namespace) -> int:
+    import gymnasium
+
+    from toolgym.registry import ENVIRONMENTS, register_all
+
+    register_all()
+    width = max(len(e.id) for e in ENVIRONMENTS)
+    for entry in ENVIRONMENTS:
+        assert entry.id in gymnasium.registry
+        print(f"{entry.id:<{width}}  {entry.description}")
+    return 0
+
+
+def _env_kwargs(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--env-arg expects KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _policy_factory(name: str, env_id: str, seed: int) -> Any:
+    if name == "scripted":
+        from toolgym.agents.baselines import baseline_policy
+
+        return lambda: baseline_policy(env_id)
+    if name == "smollm2" or name.startswith("hf:"):
+        from toolgym.agents.hf_policy import HFPolicy
+
+        policy = HFPolicy(None if name == "smollm2" else name[3:], seed=seed)
+        return lambda: policy
+    raise ConfigError(f"unknown policy {name!r}.{did_you_mean(name, POLICIES)} Choose smollm2, scripted, or hf:PATH")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from toolgym.agents.evaluate import evaluate
+    from toolgym.core import SamplingParams
+    from toolgym.registry import env_ids, register_all
+
+    register_all()
+    if args.env not in env_ids():
+        raise ConfigError(f"unknown environment id {args.env!r}.{did_you_mean(args.env, env_ids())} See `toolgym envs`.")
+    factory = _policy_factory(args.policy, args.env, args.seed)
+    harnesses = [h.strip() for h in args.harness.split(",") if h.strip()]
+    console = Console(stderr=True)
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task(f"eval {args.env}", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        report = asyncio.run(
+            evaluate(
+                args.env,
+                factory,
+                harnesses,
+                n=args.n,
+                seed=args.seed,
+                concurrency=args.concurrency,
+                sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed),
+                out_dir=args.out,
+                env_kwargs=_env_kwargs(args.env_arg),
+                progress=progress,
+            )
+        )
+    table = Table(title=f"{report.env_id} · policy {report.policy} · n={len(report.task_ids)} · seed {report.seed}")
+    reward_keys = sorted({k for t in report.tracks for k in t.metrics})
+    for col in ["track", "success", *[k.removeprefix("reward/") for k in reward_keys], "tool calls", "tokens", "seconds", "infra err"]:
+        table.add_column(col, justify="left" if col == "track" else "right")
+    for t in report.tracks:
+        table.add_row(
+            t.harness, f"{t.success:.3f}", *[f"{t.metrics.get(k, 0.0):.3f}" for k in reward_keys],
+            f"{t.tool_calls:.2f}", f"{t.tokens:.0f}", f"{t.seconds:.1f}", str(t.infra_errors),
+        )
+    Console().print(table)
+    base = report.tracks[0].harness
+    for name, (diff, low, high) in report.paired.items():
+        print(f"paired reward difference {name} - {base}: {diff:+.3f} (95% bootstrap CI [{low:+.3f}, {high:+.3f}], n={len(report.task_ids)} tasks)")
+    if args.out is not None:
+        print(f"trajectories and summary.json written to {args.out}")
+    return 0
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    from toolgym.registry import make
+
+    env = make(args.env, **_env_kwargs(args.env_arg))
+    options = {"task_id": args.task_id} if args.task_id else None
+    obs, info = env.reset(seed=args.seed, options=options)
+    names = info["allowed_tools"]
+    print(f"# {args.env} · task {info['task_id']} · tools: {', '.join(names)} · max turns {info['max_turns']}")
+    print("# Type a turn: raw text, a <tool_call>...</tool_call>, or the shorthand `TOOL {json arguments}`.")
+    print("# End a multi-line turn with an empty line. :q quits, :reset starts a new episode.\n")
+    _print_messages(obs)
+    try:
+        while True:
+            turn = _read_turn()
+            if turn is None or turn.strip() == ":q":
+                break
+            if turn.strip() == ":reset":
+                obs, info = env.reset()
+                _print_messages(obs)
+                continue
+            obs, reward, terminated, truncated, info = env.step(_expand_shorthand(turn, names))
+            _print_messages(obs)
+            if terminated or truncated:
+                print(f"# episode {'terminated' if terminated else 'truncated'} · reward {reward} · metrics {json.dumps(info.get('metrics', {}))}")
+                print("# :reset for another episode, :q to quit")
+    finally:
+        env.close()
+    return 0
+
+
+def _read_turn() -> str | None:
+    lines: list[str] = []
+    while True:
+        try:
+            line = input("agent> " if not lines else "...... ")
+        except EOFError:
+            return "\n".join(lines) if lines else None
+        if not line and lines:
+            return "\n".join(lines)
+        if line.startswith(":") and not lines:
+            return line
+        if line:
+            lines.append(line)
+            if line.rstrip().endswith("</tool_call>") or re.match(r"^\w+\s*\{.*\}\s*$", line):
+                return "\n".join(lines)
+
+
+def _expand_shorthand(turn: str, tools: list[str]) -> str:
+    match = re.match(r"^\s*(\w+)\s*(\{.*\})\s*$", turn, re.DOTALL)
+    if match and match.group(1) in tools:
+        return f'<tool_call>{{"name": "{match.group(1)}", "arguments": {match.group(2)}}}</tool_call>'
+    return turn
+
+
+def _print_messages(messages: list[dict[str, str]]) -> None:
+    for message in messages:
+        who = message["role"] + (f" ({message['name']})" if "name" in message else "")
+        print(f"--- {who}\n{message['content']}\n")
+
+
+def cmd_index_build(args: argparse.Namespace) -> int:
+    from toolgym.tools.index import build_command
+
+    path = build_command(args.corpus, args.backend, args.out)
+    print(f"index ready: {path}")
+    return 0
+
+
+def cmd_new_env(args: argparse.Namespace) -> int:
+    name = args.name.strip()
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", name):
+        raise ConfigError(f"environment name must be letters and digits starting with a letter, got {name!r}")
+    class_name = name[0].upper() + name[1:]
+    module = re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower() + "_env"
+    args.dir.mkdir(parents=True, exist_ok=True)
+    targets = {args.dir / f"{module}.py": "env_module.py.txt", args.dir / f"test_{module}.py": "env_test.py.txt"}
+    for path in targets:
+        if path.exists():
+            raise ConfigError(f"{path} exists; choose another name or directory")
+    for path, template in targets.items():
+        text = render_template(template, class_name, module)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    print(f"next: python -m pytest {args.dir / f'test_{module}.py'}")
+    return 0
+
+
+def render_template(template: str, name: str, module: str) -> str:
+    """The ``new-env`` skeleton with its placeholders filled (also what environments.md shows)."""
+    text = (resources.files("toolgym") / "templates" / template).read_text(encoding="utf-8")
+    return text.replace("{{Name}}", name).replace("{{module}}", module)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

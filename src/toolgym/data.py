@@ -1,0 +1,47 @@
+"""Reading user-supplied data files with errors that name the file and line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from toolgym.errors import ConfigError
+
+__all__ = ["read_jsonl"]
+
+
+def read_jsonl(path: str | Path, *, required: Sequence[str] = (), kind: str = "record") -> Iterator[dict[str, Any]]:
+    """Yield the JSON objects of a JSONL file (``.gz`` allowed), checking required keys.
+
+    Blank lines are skipped. A line that is not a JSON object, or lacks a required key, raises
+    :class:`~toolgym.errors.ConfigError` naming ``file:line`` and what was expected.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+                if not isinstance(record, dict):
+                    raise ConfigError(f"{path}:{lineno}: expected a JSON object per line, got {type(record).__name__}")
+                missing = [key for key in required if key not in record]
+                if missing:
+                    raise ConfigError(
+                        f"{path}:{lineno}: {kind} lacks {', '.join(map(repr, missing))} "
+                        f"(each line needs {', '.join(required)})"
+                    )
+                yield record
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except (OSError, EOFError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from None
