@@ -57,13 +57,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=96, help="tokens per assistant turn")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="environment constructor argument (JSON value)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help="import a module that registers your environment")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("play", help="play an environment by hand: you type the agent's turns")
     p.add_argument("env", help="environment id")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--task-id", default=None)
-    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="environment constructor argument (JSON value)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help="import a module that registers your environment")
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("index", help="search indexes")
@@ -93,6 +95,18 @@ def cmd_envs(args: argparse.Namespace) -> int:
         assert entry.id in gymnasium.registry
         print(f"{entry.id:<{width}}  {entry.description}")
     return 0
+
+
+def _import_modules(names: list[str]) -> None:
+    """Import user modules that register their own environments (``--import my_envs.weather_env``)."""
+    import importlib
+
+    sys.path.insert(0, str(Path.cwd()))
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"cannot import {name!r} ({exc}); run from the folder that contains it") from None
 
 
 def _env_kwargs(pairs: list[str]) -> dict[str, Any]:
@@ -127,14 +141,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from toolgym.agents.evaluate import evaluate
+    from toolgym.agents.harness import get_harness
     from toolgym.core import SamplingParams
-    from toolgym.registry import env_ids, register_all
+    from toolgym.registry import check_id
 
-    register_all()
-    if args.env not in env_ids():
-        raise ConfigError(f"unknown environment id {args.env!r}.{did_you_mean(args.env, env_ids())} See `toolgym envs`.")
-    factory = _policy_factory(args.policy, args.env, args.seed)
+    _import_modules(args.imports)
+    check_id(args.env)
     harnesses = [h.strip() for h in args.harness.split(",") if h.strip()]
+    for name in harnesses:
+        get_harness(name)
+    if args.n < 1:
+        raise ConfigError(f"n must be >= 1, got {args.n}")
+    factory = _policy_factory(args.policy, args.env, args.seed)
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console) as bar:
         task = bar.add_task(f"eval {args.env}", total=None)
@@ -177,6 +195,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_play(args: argparse.Namespace) -> int:
     from toolgym.registry import make
 
+    _import_modules(args.imports)
     env = make(args.env, **_env_kwargs(args.env_arg))
     options = {"task_id": args.task_id} if args.task_id else None
     obs, info = env.reset(seed=args.seed, options=options)

@@ -119,7 +119,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             with its text as the answer.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     #: Short description shown by ``toolgym envs``.
     description: ClassVar[str] = ""
 

@@ -212,6 +212,9 @@ def _parse_call(
     if not isinstance(arguments, dict):
         errors.append(ToolParseError(f"arguments must be a JSON object, got {_json_type(arguments)}", tool=name))
         return None
+    if _has_surrogates(json.dumps(arguments, ensure_ascii=False)):
+        errors.append(ToolParseError("arguments contain invalid Unicode (a lone surrogate)", tool=name))
+        return None
     problem = schema_problem(arguments, tools[name])
     if problem:
         errors.append(ToolParseError(problem, tool=name))

@@ -14,7 +14,7 @@ import gymnasium
 
 from toolgym.errors import ConfigError, did_you_mean
 
-__all__ = ["ENVIRONMENTS", "EnvEntry", "env_ids", "make", "register_all"]
+__all__ = ["ENVIRONMENTS", "EnvEntry", "check_id", "env_ids", "make", "register_all"]
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,19 @@ def env_ids() -> list[str]:
 
 
 def make(env_id: str, **kwargs: Any) -> gymnasium.Env:
-    """``gymnasium.make`` with a "did you mean" answer for unknown ids."""
-    register_all()
-    if env_id not in env_ids():
-        raise ConfigError(
-            f"unknown environment id {env_id!r}.{did_you_mean(env_id, env_ids())} "
-            f"Registered: {', '.join(env_ids())} (see `toolgym envs`)"
-        )
+    """``gymnasium.make`` with a "did you mean" answer for unknown ids.
+
+    Any id registered with gymnasium works (your own environments too, once their module is imported).
+    """
+    check_id(env_id)
     return gymnasium.make(env_id, **kwargs)
+
+
+def check_id(env_id: str) -> None:
+    """Raise :class:`ConfigError` with a suggestion unless ``env_id`` is registered."""
+    register_all()
+    if env_id not in gymnasium.registry:
+        raise ConfigError(
+            f"unknown environment id {env_id!r}.{did_you_mean(env_id, [*env_ids(), *gymnasium.registry])} "
+            f"toolgym registers: {', '.join(env_ids())} (see `toolgym envs`)"
+        )

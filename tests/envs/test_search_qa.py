@@ -1,0 +1,176 @@
+"""SearchQA-v0: data, tools, verifier, bring-your-own data, and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import gymnasium
+import pytest
+
+import toolgym  # noqa: F401
+from toolgym.agents.baselines import baseline_policy
+from toolgym.agents.harness import get_harness
+from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.rollout import run_episode
+from toolgym.core import Task
+from toolgym.envs.search_qa import ExactMatchVerifier, default_corpus, default_questions, f1_score, normalize_answer
+from toolgym.errors import ConfigError
+from toolgym.parsing import format_tool_call
+
+ENV_ID = "toolgym/SearchQA-v0"
+
+
+def call(name, **arguments):
+    return format_tool_call(name, arguments)
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = gymnasium.make(ENV_ID)
+    yield env
+    env.close()
+
+
+def test_default_data_counts():
+    corpus, questions = default_corpus(), default_questions()
+    assert len(questions) == 1190
+    assert sum(d["id"].startswith("xq") for d in corpus) == 240
+    assert sum(d["id"].startswith("wk") for d in corpus) == 10033
+    assert len({d["id"] for d in corpus}) == len(corpus)
+    assert all(q.metadata["gold_doc"].startswith("xq") for q in questions)
+
+
+def test_squad_normalisation_and_f1():
+    assert normalize_answer("The  Denver Broncos!") == "denver broncos"
+    assert f1_score("Denver Broncos", "the Denver Broncos") == 1.0
+    assert f1_score("Denver", "Denver Broncos") == pytest.approx(2 / 3)
+    assert f1_score("Carolina", "Denver Broncos") == 0.0
+
+
+def test_verifier_em_and_f1():
+    task = Task("q", "Who won?", ["Denver Broncos", "Broncos"])
+    em = ExactMatchVerifier("em")
+    assert em.score(task, "the Broncos", []).reward == 1.0
+    partial = em.score(task, "Denver", [])
+    assert partial.reward == 0.0 and partial.metrics["reward/f1"] == pytest.approx(2 / 3)
+    assert ExactMatchVerifier("f1").score(task, "Denver", []).reward == pytest.approx(2 / 3)
+    assert em.score(task, ["not", "a", "string"], []).metrics["answer/invalid"] == 1.0
+
+
+def test_verifier_bug_is_an_error_not_reward_zero():
+    with pytest.raises(ValueError, match="no gold answers"):
+        ExactMatchVerifier().score(Task("q", "?", []), "x", [])
+
+
+def test_unknown_metric_says_did_you_mean():
+    with pytest.raises(ConfigError, match="Did you mean 'f1'"):
+        ExactMatchVerifier("f2")
+
+
+def test_oracle_episode_scores_one(env):
+    task = default_questions()[0]
+    obs, info = env.reset(seed=0, options={"task_id": task.id})
+    assert obs[1]["content"] == task.prompt
+    assert info["allowed_tools"] == ["search", "open", "answer"]
+    obs, reward, terminated, truncated, _ = env.step(call("search", query=task.metadata["question"], k=5))
+    assert task.metadata["gold_doc"] in obs[0]["content"]
+    obs, *_ = env.step(call("open", doc_id=task.metadata["gold_doc"]))
+    assert task.reference[0] in obs[0]["content"]
+    obs, reward, terminated, truncated, info = env.step(call("answer", answer=task.reference[0]))
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert info["metrics"]["reward/em"] == 1.0 and info["metrics"]["tool/search/calls"] == 1.0
+
+
+def test_answer_tag_ends_the_episode(env):
+    task = default_questions()[5]
+    env.reset(seed=0, options={"task_id": task.id})
+    _, reward, terminated, _, _ = env.step(f"<answer>{task.reference[0]}</answer>")
+    assert terminated and reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("action", "expected"),
+    [
+        (call("search", query="   "), "Error: search: empty query: pass the words to search for"),
+        (call("search", query="Denver", k=0), "Error: search: k must be between 1 and 10, got 0"),
+        (call("search", query="Denver", k=11), "Error: search: k must be between 1 and 10, got 11"),
+        (call("open", doc_id="xq9999"), "Error: open: no document with id 'xq9999'; use an id from the search results"),
+    ],
+)
+def test_bad_tool_input_is_an_observation(env, action, expected):
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert [m["content"] for m in obs] == [expected]
+    assert (reward, terminated) == (0.0, False)
+
+
+def test_bring_your_own_corpus_and_questions(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(
+        "\n".join(
+            json.dumps(d)
+            for d in [
+                {"id": "a", "title": "Kiwi", "text": "The kiwi is a flightless bird native to New Zealand."},
+                {"id": "b", "title": "Emu", "text": "The emu is the second-tallest living bird, found in Australia."},
+            ]
+        )
+    )
+    questions = tmp_path / "qs.jsonl"
+    questions.write_text(json.dumps({"id": "q1", "question": "Where is the kiwi native to?", "answers": ["New Zealand"]}) + "\n")
+    env = gymnasium.make(ENV_ID, corpus=str(corpus), questions=str(questions))
+    env.reset(seed=0)
+    obs, *_ = env.step(call("search", query="kiwi bird", k=1))
+    assert obs[0]["content"].startswith("[a] Kiwi:")
+    _, reward, terminated, _, _ = env.step(call("answer", answer="new zealand"))
+    assert terminated and reward == 1.0
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", r"qs.jsonl:2: not valid JSON"),
+        ('{"id": "q2", "question": "?"}', r"qs.jsonl:2: question lacks 'answers'"),
+        ('["a list"]', r"qs.jsonl:2: expected a JSON object per line, got list"),
+        ('{"id": "q2", "question": "?", "answers": []}', r"'answers' must be a non-empty list of strings"),
+    ],
+)
+def test_malformed_questions_name_file_and_line(tmp_path, line, message):
+    questions = tmp_path / "qs.jsonl"
+    questions.write_text(json.dumps({"id": "q1", "question": "?", "answers": ["x"]}) + "\n" + line + "\n")
+    with pytest.raises(ConfigError, match=message):
+        gymnasium.make(ENV_ID, questions=str(questions))
+
+
+def test_malformed_corpus_names_file_and_line(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('{"id": "a", "text": "ok"}\n{"id": "b"}\n')
+    with pytest.raises(ConfigError, match=r"docs.jsonl:2: document lacks 'text'"):
+        gymnasium.make(ENV_ID, corpus=str(corpus))
+
+
+def test_scripted_episode_through_the_rollout_on_both_tracks():
+    task = default_questions()[0]
+    turns = [call("search", query=task.metadata["question"]), "<tool_call>{oops</tool_call>", call("answer", answer=task.reference[0])]
+    results = {}
+    for track in ("bare", "scaffold"):
+        env = gymnasium.make(ENV_ID)
+        results[track] = asyncio.run(run_episode(env, ScriptedPolicy(turns), get_harness(track), seed=0, options={"task_id": task.id}))
+        env.close()
+    for trajectory in results.values():
+        assert trajectory.status == "ok" and trajectory.reward == 1.0
+        assert trajectory.metrics["env/parse_errors"] == 1.0
+    assert any("turns left" in m["content"] for m in results["scaffold"].messages)
+    assert not any("turns left" in m["content"] for m in results["bare"].messages)
+
+
+def test_search_baseline_runs_and_is_weak_but_real():
+    env = gymnasium.make(ENV_ID)
+    rewards = []
+    for i, task in enumerate(default_questions()[:20]):
+        trajectory = asyncio.run(run_episode(env, baseline_policy(ENV_ID), get_harness("bare"), seed=i, options={"task_id": task.id}))
+        assert trajectory.status == "ok" and trajectory.metrics["tool/search/calls"] == 1.0
+        rewards.append(trajectory.reward)
+    env.close()
+    assert 0.0 <= sum(rewards) < 20

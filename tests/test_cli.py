@@ -1,0 +1,105 @@
+"""The toolgym command line, run as a user would (subprocess), and the authoring docs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from toolgym.cli import main, render_template
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def toolgym(*args, stdin=None, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "toolgym.cli", *args], input=stdin, capture_output=True, text=True, cwd=cwd, timeout=600
+    )
+
+
+def test_envs_lists_every_id():
+    out = toolgym("envs")
+    assert out.returncode == 0
+    import toolgym as tg
+
+    for env_id in tg.env_ids():
+        assert env_id in out.stdout
+
+
+def test_eval_scripted_prints_the_paired_table(tmp_path):
+    out = toolgym("eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--n", "12", "--seed", "3", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"bare\s+│", out.stdout) and re.search(r"scaffold\s+│", out.stdout)
+    assert "paired reward difference scaffold - bare: +0.000" in out.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(summary["task_ids"]) == 12 and [t["harness"] for t in summary["tracks"]] == ["bare", "scaffold"]
+    bare = [json.loads(line) for line in (tmp_path / "trajectories-bare.jsonl").read_text().splitlines()]
+    scaffold = [json.loads(line) for line in (tmp_path / "trajectories-scaffold.jsonl").read_text().splitlines()]
+    assert [t["task_id"] for t in bare] == [t["task_id"] for t in scaffold] == summary["task_ids"]
+    assert [t["seed"] for t in bare] == [t["seed"] for t in scaffold] == list(range(3, 15))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["eval", "--env", "toolgym/SerchQA-v0", "--policy", "scripted"], "Did you mean 'toolgym/SearchQA-v0'"),
+        (["eval", "--env", "toolgym/SearchQA-v0", "--policy", "smolm2"], "Did you mean 'smollm2'"),
+        (["eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--harness", "bare,scafold"], "Did you mean 'scaffold'"),
+        (["eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--n", "0"], "n must be >= 1"),
+        (["index", "build", "--corpus", "missing.jsonl"], "missing.jsonl"),
+        (["play", "toolgym/SearchQA-v9"], "Did you mean 'toolgym/SearchQA-v0'"),
+    ],
+)
+def test_bad_input_is_a_clear_error(args, message):
+    out = toolgym(*args)
+    assert out.returncode == 2
+    assert out.stderr.startswith("toolgym: error:") and message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_play_by_hand():
+    turns = 'search {"query": "Super Bowl 50 Panthers defense points", "k": 2}\n<tool_call>{broken</tool_call>\n:reset\n<answer>nothing</answer>\n:q\n'
+    out = toolgym("play", "toolgym/SearchQA-v0", "--seed", "0", stdin=turns)
+    assert out.returncode == 0, out.stderr
+    assert "--- tool (search)" in out.stdout
+    assert "Error: tool call is not valid JSON" in out.stdout
+    assert "# episode terminated · reward 0.0" in out.stdout
+
+
+def test_index_build_command(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(json.dumps({"id": f"d{i}", "title": f"T{i}", "text": f"word{i} common"}) for i in range(30)))
+    out = toolgym("index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"))
+    assert out.returncode == 0, out.stderr
+    assert "index ready" in out.stdout
+    from toolgym.tools.index import load_index
+
+    assert load_index(tmp_path / "idx").search("word7", k=1)[0].doc_id == "d7"
+
+
+def test_environments_md_example_is_the_template_and_runs(tmp_path):
+    doc = (ROOT / "environments.md").read_text()
+    block = re.search(r"```python\n(.*?)```", doc, re.DOTALL).group(1)
+    assert block == render_template("env_module.py.txt", "Calculator", "calculator_env")
+    namespace: dict = {"__name__": "calculator_env_doc"}
+    exec(compile(block, "environments.md", "exec"), namespace)
+    env = gymnasium.make(namespace["ENV_ID"])
+    check_env(env.unwrapped)
+    env.close()
+
+
+def test_new_env_writes_a_skeleton_whose_test_passes(tmp_path):
+    assert main(["new-env", "Weather", "--dir", str(tmp_path)]) == 0
+    assert (tmp_path / "weather_env.py").exists() and (tmp_path / "test_weather_env.py").exists()
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 passed" in out.stdout
+    assert main(["new-env", "Weather", "--dir", str(tmp_path)]) == 2  # refuses to overwrite
