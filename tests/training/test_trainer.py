@@ -1,0 +1,88 @@
+"""Trainer smoke tests on a tiny randomly initialised model and a registered toy environment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from toolgym.training.config import load_config
+from toolgym.training.trainer import Trainer
+
+from toolgym.errors import ConfigError
+
+TINY = [
+    "env.id=toy_env:toolgym-test/Letters-v0",
+    "policy.kind=tiny",
+    "policy.tiny_hidden=32",
+    "sampling.max_tokens=12",
+    "train.steps=3",
+    "train.tasks_per_step=2",
+    "train.group_size=4",
+    "train.lr=0.01",
+    "train.max_off_policy_steps=0",
+]
+
+
+async def test_tiny_training_changes_parameters_and_writes_logs(tmp_path: Path) -> None:
+    config = load_config(
+        None,
+        [
+            *TINY,
+            'curriculum.stages=[["answer"], ["answer", "lookup"]]',
+            "curriculum.min_stay=1",
+            "curriculum.patience=1",
+            "curriculum.min_attempts=1",
+            "curriculum.success_threshold=0.99",
+            "curriculum.unsolved_threshold=0.5",
+        ],
+    )
+    trainer = Trainer(config, tmp_path)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    history = await trainer.run()
+    assert len(history) == 3
+    assert all(torch.isfinite(torch.tensor(m["loss/pg"])) for m in history)
+    changed = sum(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    assert changed > 0
+    assert trainer.policy.policy_version == 3
+    lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 3 * 2 * 4
+    record = json.loads(lines[0])
+    assert {"step", "group", "sample", "advantage", "trained", "trajectory"} <= set(record)
+    metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1.0, 2.0, 3.0]
+    for key in (
+        "reward/mean",
+        "loss/pg",
+        "staleness/mean",
+        "mismatch/kl",
+        "time/generate",
+        "time/env",
+        "time/learn",
+        "time/queue_wait",
+        "curriculum/stage",
+        "tool/answer/calls",
+    ):
+        assert key in metrics[0], key
+    # nothing solved at 0.99 letters share -> the unsolved signal unlocks "lookup" after one step
+    assert metrics[-1]["curriculum/stage"] == 1.0
+    assert json.loads((tmp_path / "curriculum.jsonl").read_text())["tools"] == ["answer", "lookup"]
+    assert (tmp_path / "checkpoint.pt").is_file()
+    # the first step samples with the learner's own weights: ratios are 1 and the mismatch is ~0
+    assert metrics[0]["staleness/mean"] == 0.0 and metrics[0]["mismatch/kl"] < 1e-4
+
+
+async def test_async_lookahead_bounds_staleness(tmp_path: Path) -> None:
+    config = load_config(
+        None, [*TINY, "train.max_off_policy_steps=1", "train.rollout_workers=3", "train.steps=4"]
+    )
+    history = await Trainer(config, tmp_path).run()
+    assert all(m["staleness/max"] <= 1 for m in history)
+    assert len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 4 * 2 * 4
+
+
+def test_unknown_env_id_says_did_you_mean(tmp_path: Path) -> None:
+    config = load_config(None, ["env.id=toolgym/SerchQA-v0", "policy.kind=tiny"])
+    with pytest.raises(ConfigError, match="(?i)did you mean"):
+        Trainer(config, tmp_path)

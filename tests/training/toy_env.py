@@ -1,0 +1,64 @@
+"""A small registered environment for trainer tests: ``toolgym-test/Letters-v0``.
+
+The agent may call ``lookup(word)`` (a tool with configurable latency, to stand in for a search or a
+sandbox call) and ends with ``answer(answer)`` or plain text. The reward is the share of ASCII letters
+in the answer: continuous, so a randomly initialised byte model gets groups with varied rewards and a
+real learning signal. Importing this module registers the id (gymnasium's ``module:id`` form).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import gymnasium
+
+from toolgym.core import FunctionTool, Message, Score, Task, Tool
+from toolgym.env import ToolEnv
+
+ENV_ID = "toolgym-test/Letters-v0"
+
+
+class LettersVerifier:
+    def score(self, task: Task, answer: object, trajectory: Sequence[Message]) -> Score:
+        text = answer if isinstance(answer, str) else ""
+        letters = sum(ch.isascii() and ch.isalpha() for ch in text)
+        reward = letters / len(text) if text else 0.0
+        return Score(reward=reward, metrics={"reward/letters": reward})
+
+
+class LettersEnv(ToolEnv):
+    description = "Answer with letters; a lookup tool with latency (tests only)."
+
+    def __init__(self, *, latency: float = 0.0, n_tasks: int = 6, max_turns: int = 2) -> None:
+        super().__init__(max_turns=max_turns)
+        self.latency = latency
+        self.tasks = [
+            Task(id=f"w{i}", prompt=f"Say a word with {i + 2} letters.", reference=i + 2)
+            for i in range(n_tasks)
+        ]
+        self.verifier = LettersVerifier()
+
+    async def episode_tools(self, task: Task) -> Sequence[Tool]:
+        async def lookup(word: str) -> str:
+            await asyncio.sleep(self.latency)
+            return f"{word}: a word"
+
+        return [
+            FunctionTool(
+                "lookup",
+                "Look a word up.",
+                {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+                lookup,
+            ),
+            FunctionTool(
+                "answer",
+                "Give the answer.",
+                {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+                terminal=True,
+            ),
+        ]
+
+
+if ENV_ID not in gymnasium.registry:
+    gymnasium.register(id=ENV_ID, entry_point=f"{__name__}:LettersEnv")

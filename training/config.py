@@ -1,0 +1,276 @@
+"""Training configuration: one frozen dataclass per component, loaded from TOML plus dotted overrides.
+
+A config file mirrors the dataclasses (``[env]``, ``[policy]``, ``[sampling]``, ``[train]``,
+``[curriculum]``); command-line overrides use dotted keys (``train.steps=3``, ``sampling.temperature=0.8``)
+whose values are parsed as TOML literals (``[["answer"], ["answer", "search"]]``) or taken as strings.
+A wrong key fails at start-up with a :class:`~toolgym.errors.ConfigError` that says "did you mean".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolgym.training.curriculum import CurriculumConfig
+
+from toolgym.errors import ConfigError, did_you_mean
+
+__all__ = [
+    "EnvConfig",
+    "GRPOConfig",
+    "PolicyConfig",
+    "SamplingConfig",
+    "TrainConfig",
+    "load_config",
+    "to_dict",
+]
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Which environment to train on, reached only through its registered gymnasium id.
+
+    Attributes:
+        id: a registered id (``toolgym/SearchQA-v0``); gymnasium's ``module:id`` form imports a module
+            that registers the id first.
+        kwargs: keyword arguments for ``gymnasium.make`` (e.g. ``max_turns``).
+        harness: ``bare`` or ``scaffold``.
+        task_limit: train on the first N tasks of the environment only (0 = all).
+        task_ids: explicit task ids to train on (overrides ``task_limit``).
+        max_total_tokens: token budget of one episode (prompt included).
+    """
+
+    id: str = "toolgym/SearchQA-v0"
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    harness: str = "bare"
+    task_limit: int = 0
+    task_ids: tuple[str, ...] = ()
+    max_total_tokens: int = 2048
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The trained policy.
+
+    Attributes:
+        kind: ``hf`` (the embedded SmolLM2 via transformers, or ``model``) or ``tiny`` (a randomly
+            initialised byte-level model: seconds per step, for tests and smoke runs).
+        model: a model directory for ``hf`` (empty = the embedded SmolLM2-135M-Instruct).
+        dtype: parameter dtype for ``hf``.
+        threads: torch intra-op threads (0 = leave torch's default).
+        max_batch: sequences generated together by the policy.
+        tiny_hidden, tiny_layers: size of the ``tiny`` model.
+    """
+
+    kind: str = "hf"
+    model: str = ""
+    dtype: str = "float32"
+    threads: int = 0
+    max_batch: int = 8
+    tiny_hidden: int = 64
+    tiny_layers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("hf", "tiny"):
+            raise ConfigError(
+                f"policy.kind must be 'hf' or 'tiny', got {self.kind!r}.{did_you_mean(self.kind, ['hf', 'tiny'])}"
+            )
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Per-turn sampling; the learner scores tokens at the same ``temperature``.
+
+    Attributes:
+        max_tokens: tokens per assistant turn (short turns keep CPU steps fast).
+        temperature: sampling temperature (> 0: GRPO needs diverse samples).
+        top_p: nucleus sampling; must stay 1.0 for exact importance ratios.
+    """
+
+    max_tokens: int = 40
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ConfigError(f"sampling.temperature must be > 0 for RL (got {self.temperature})")
+        if self.top_p != 1.0:
+            raise ConfigError(
+                "sampling.top_p must be 1.0: truncated sampling makes the recorded logprobs differ from the learner's"
+            )
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """The learner and the rollout pipeline.
+
+    Attributes:
+        steps: optimizer steps to run.
+        tasks_per_step: groups per step (distinct tasks).
+        group_size: samples per task (G); advantages are relative within a group.
+        lr, weight_decay, max_grad_norm, betas: AdamW and gradient clipping.
+        clip_low, clip_high: ratio clip range ``[1 - clip_low, 1 + clip_high]``.
+        kl_coef: weight of the k3 KL to the initial model (0 = no reference model is kept).
+        normalize_std: divide advantages by the group's std (GRPO) or only centre them.
+        skip_zero_variance: leave groups whose rewards are all equal out of the loss (no signal).
+        max_off_policy_steps: a group sampled more than this many policy versions ago is dropped; also
+            how far rollouts may run ahead of the learner (0 = fully synchronous and deterministic).
+        rollout_workers: groups generated concurrently.
+        queue_size: finished groups buffered between the workers and the learner.
+        micro_batch: sequences per forward/backward pass in the learner.
+        checkpoint_every: steps between checkpoints (0 = only at the end).
+        seed: seeds task order, sampling, the model init (``tiny``) and the curriculum.
+    """
+
+    steps: int = 20
+    tasks_per_step: int = 2
+    group_size: int = 4
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    normalize_std: bool = True
+    skip_zero_variance: bool = True
+    max_off_policy_steps: int = 1
+    rollout_workers: int = 2
+    queue_size: int = 4
+    micro_batch: int = 4
+    checkpoint_every: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "tasks_per_step", "group_size", "rollout_workers", "queue_size", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ConfigError(
+                "train.group_size must be >= 2: group-relative advantages need at least two samples"
+            )
+        if self.max_off_policy_steps < 0 or self.checkpoint_every < 0:
+            raise ConfigError("train.max_off_policy_steps and train.checkpoint_every must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole training run."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    train: GRPOConfig = field(default_factory=GRPOConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+
+# ----------------------------------------------------------------------------- loading
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a TOML file (or start from defaults) and apply ``key=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.steps=3)")
+        _set_dotted(data, key.strip().split("."), _parse_value(raw.strip()))
+    return _build(TrainConfig, data, "")
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # a bare word: a string
+
+
+def _set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {'.'.join(keys)}: {key!r} is a value, not a section")
+    node[keys[-1]] = value
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"[{prefix.rstrip('.')}] must be a table of settings, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(
+                f"unknown config key {prefix + key!r}.{did_you_mean(key, fields)} "
+                f"Known keys of [{prefix.rstrip('.') or 'top level'}]: {', '.join(fields)}"
+            )
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value, f"{prefix}{key}.")
+        else:
+            kwargs[key] = _coerce(value, hint, prefix + key)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{name} must be a list, got {value!r}")
+        return _deep_tuple(value)
+    if origin in (Mapping, dict) or hint is Mapping:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{name} must be a table, got {value!r}")
+        return dict(value)
+    return value
+
+
+def _deep_tuple(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_deep_tuple(v) for v in value)
+    return value
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config as plain JSON-able data (written next to every run)."""
+    return json_safe(dataclasses.asdict(config))
+
+
+def json_safe(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value

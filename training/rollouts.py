@@ -1,0 +1,189 @@
+"""Rollout side of the trainer: which task and seed each group gets, and the async workers.
+
+NOTE (seeding): group ``g`` gets its task from a per-epoch permutation seeded by ``(seed, epoch)`` and
+sample ``i`` gets episode seed ``SeedSequence([seed, g, i])``; both are pure functions of ``g``, so the
+data sampler's whole state is the index of the next group, and a resumed run draws exactly the groups
+the uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import gymnasium
+import numpy as np
+from toolgym.agents.rollout import run_episode
+
+from toolgym.core import Harness, Policy, SamplingParams, Trajectory
+from toolgym.errors import ConfigError, did_you_mean
+from toolgym.registry import register_all
+
+__all__ = ["Group", "GroupSampler", "RolloutWorkers", "make_env"]
+
+log = logging.getLogger(__name__)
+
+
+def make_env(env_id: str, kwargs: dict) -> gymnasium.Env:
+    """An environment by registered id only (never a concrete class), with "did you mean" on typos."""
+    register_all()
+    try:
+        return gymnasium.make(env_id, **kwargs)
+    except gymnasium.error.Error as exc:
+        if (
+            "NameNotFound" in type(exc).__name__
+            or "VersionNotFound" in type(exc).__name__
+            or "Namespace" in type(exc).__name__
+        ):
+            known = list(gymnasium.registry)
+            raise ConfigError(
+                f"unknown environment id {env_id!r}.{did_you_mean(env_id.split(':')[-1], known)}"
+            ) from exc
+        raise
+
+
+@dataclass(frozen=True)
+class Group:
+    """``G`` samples of one task, produced together."""
+
+    index: int
+    task_id: str
+    trajectories: tuple[Trajectory, ...]
+
+    @property
+    def policy_version(self) -> int:
+        return min(t.policy_version for t in self.trajectories)
+
+
+class GroupSampler:
+    """Maps a group index to its task id and episode seeds (stateless; see the module note)."""
+
+    def __init__(self, task_ids: Sequence[str], *, group_size: int, seed: int) -> None:
+        if not task_ids:
+            raise ConfigError("no tasks to train on: check env.task_ids / env.task_limit")
+        self.task_ids = list(task_ids)
+        self.group_size = group_size
+        self.seed = seed
+
+    def task(self, index: int) -> str:
+        epoch, pos = divmod(index, len(self.task_ids))
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.task_ids))
+        return self.task_ids[int(order[pos])]
+
+    def episode_seed(self, index: int, sample: int) -> int:
+        return int(np.random.SeedSequence([self.seed, index, sample]).generate_state(1)[0])
+
+
+class RolloutWorkers:
+    """Async workers that turn group indices into finished groups on a bounded queue.
+
+    Workers claim group indices in order; a worker may only start group ``g`` once
+    ``g < consumed + (1 + max_ahead) * per_step`` (``consumed`` is the learner's next group), which
+    bounds how far sampling runs ahead of learning. Each sample of a group runs concurrently, each on
+    its own environment instance from a pool.
+    """
+
+    def __init__(
+        self,
+        *,
+        make: Callable[[], gymnasium.Env],
+        policy: Policy,
+        harness: Harness,
+        sampler: GroupSampler,
+        sampling: SamplingParams,
+        tools_for: Callable[[str], set[str] | None],
+        max_total_tokens: int,
+        workers: int,
+        queue_size: int,
+        per_step: int,
+        max_ahead: int,
+        start: int,
+    ) -> None:
+        self.policy, self.harness, self.sampler, self.sampling = policy, harness, sampler, sampling
+        self.tools_for = tools_for
+        self.max_total_tokens = max_total_tokens
+        self.per_step, self.max_ahead = per_step, max_ahead
+        # The gate already bounds groups in flight; the queue must hold them all or workers deadlock
+        # while the learner waits for an earlier group.
+        self.queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=max(queue_size, (1 + max_ahead) * per_step))
+        self._make = make
+        self._envs: asyncio.Queue[gymnasium.Env] = asyncio.Queue()
+        self._all_envs: list[gymnasium.Env] = []
+        self._next = start
+        self._consumed = start
+        self._gate = asyncio.Condition()
+        self._tasks = [asyncio.create_task(self._work(), name=f"rollout-{i}") for i in range(workers)]
+
+    async def advance(self, consumed: int) -> None:
+        """The learner has consumed every group below ``consumed``: open the gate further."""
+        async with self._gate:
+            self._consumed = consumed
+            self._gate.notify_all()
+
+    async def _env(self) -> gymnasium.Env:
+        if self._envs.empty():
+            env = self._make()
+            self._all_envs.append(env)
+            return env
+        return self._envs.get_nowait()
+
+    async def _episode(self, index: int, sample: int, task_id: str, tools: set[str] | None) -> Trajectory:
+        env = await self._env()
+        try:
+            seed = self.sampler.episode_seed(index, sample)
+            options: dict = {"task_id": task_id}
+            if tools is not None:
+                options["tools"] = sorted(tools)
+            return await run_episode(
+                env,
+                self.policy,
+                self.harness,
+                seed=seed,
+                options=options,
+                sampling=SamplingParams(
+                    max_tokens=self.sampling.max_tokens,
+                    temperature=self.sampling.temperature,
+                    top_p=self.sampling.top_p,
+                    seed=seed,
+                ),
+                max_total_tokens=self.max_total_tokens,
+            )
+        finally:
+            self._envs.put_nowait(env)
+
+    async def _work(self) -> None:
+        while True:
+            index = self._next
+            self._next += 1
+            async with self._gate:
+                await self._gate.wait_for(
+                    lambda i=index: i < self._consumed + (1 + self.max_ahead) * self.per_step
+                )
+            task_id = self.sampler.task(index)
+            tools = self.tools_for(task_id)
+            samples = [self._episode(index, i, task_id, tools) for i in range(self.sampler.group_size)]
+            trajectories = await asyncio.gather(*samples)
+            await self.queue.put(Group(index=index, task_id=task_id, trajectories=tuple(trajectories)))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for env in self._all_envs:
+            aclose = getattr(env.unwrapped, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            else:
+                env.close()
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                raise result
+
+    def failed(self) -> BaseException | None:
+        """A worker's exception (a bug or a verifier error), so the learner stops instead of waiting."""
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        return None

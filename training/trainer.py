@@ -1,0 +1,383 @@
+"""The async GRPO trainer: rollout workers fill a queue while the learner trains (DESIGN.md §7).
+
+One loop, readable top to bottom (:meth:`Trainer.run`): take the next ``tasks_per_step`` groups from
+the queue (dropping those more than ``max_off_policy_steps`` policy versions old), compute
+group-relative advantages, take one optimizer step on the token-level clipped loss, bump the policy
+version (the CPU policy shares the module, so that *is* the weight sync), let the curriculum observe
+the step, write metrics and trajectories, checkpoint.
+
+Run directory layout: ``config.json``, ``metrics.jsonl`` (one line per step), ``trajectories.jsonl``
+(one line per consumed sample: ``{"step", "group", "sample", "advantage", "trained", "trajectory"}``),
+``curriculum.jsonl`` (stage changes) and ``checkpoint.pt``.
+
+NOTE (determinism): with ``max_off_policy_steps = 0`` every group of step ``s`` is sampled with the
+weights of version ``s`` and the run is reproducible bit for bit on CPU, including across a kill and
+resume. With look-ahead > 0, which version samples a group depends on timing; resumes then lose and
+double-count nothing but are not bitwise identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from toolgym.agents.harness import get_harness
+from toolgym.training.advantages import group_advantages
+from toolgym.training.checkpoint import (
+    capture_rng,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+    truncate_to,
+)
+from toolgym.training.config import TrainConfig, load_config, to_dict
+from toolgym.training.curriculum import ToolCurriculum
+from toolgym.training.loss import check_token_receipt, clipped_pg_loss, k3_kl, token_logprobs
+from toolgym.training.rollouts import Group, GroupSampler, RolloutWorkers, make_env
+
+from toolgym.core import SamplingParams, Trajectory
+
+__all__ = ["Trainer", "build_policy", "train_command"]
+
+log = logging.getLogger(__name__)
+
+LOG_FILES = ("metrics.jsonl", "trajectories.jsonl", "curriculum.jsonl")
+
+
+def build_policy(config: TrainConfig) -> Any:
+    """The policy named by ``config.policy`` (it must expose ``.model`` and ``.policy_version``)."""
+    pc = config.policy
+    if pc.threads:
+        torch.set_num_threads(pc.threads)
+    if pc.kind == "tiny":
+        from toolgym.training.tiny_policy import TinyPolicy
+
+        return TinyPolicy(hidden=pc.tiny_hidden, layers=pc.tiny_layers, seed=config.train.seed)
+    from toolgym.agents.hf_policy import HFPolicy
+
+    return HFPolicy(
+        pc.model or None,
+        dtype=pc.dtype,
+        threads=pc.threads or None,
+        max_batch=pc.max_batch,
+        seed=config.train.seed,
+    )
+
+
+class Trainer:
+    """Owns the policy, optimizer, curriculum and run directory; :meth:`run` is the whole loop."""
+
+    def __init__(self, config: TrainConfig, run_dir: str | Path, policy: Any | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(config.train.seed)
+        self.policy = policy if policy is not None else build_policy(config)
+        self.model: torch.nn.Module = self.policy.model
+        tc = config.train
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=tc.lr,
+            weight_decay=tc.weight_decay,
+            betas=tc.betas,
+        )
+        self.reference = None
+        if tc.kl_coef > 0:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.curriculum = ToolCurriculum(config.curriculum)
+        self.harness = get_harness(config.env.harness)
+        probe = make_env(config.env.id, dict(config.env.kwargs))
+        try:
+            all_ids = list(probe.unwrapped.task_ids())
+        finally:
+            probe.close()
+        task_ids = list(config.env.task_ids) or (
+            all_ids[: config.env.task_limit] if config.env.task_limit else all_ids
+        )
+        self.sampler = GroupSampler(task_ids, group_size=tc.group_size, seed=tc.seed)
+        self.step = 0
+        self.next_group = 0
+        self.dropped_groups = 0
+        self.last_metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        sizes = {
+            name: (self.run_dir / name).stat().st_size if (self.run_dir / name).exists() else 0
+            for name in LOG_FILES
+        }
+        return {
+            "step": self.step,
+            "next_group": self.next_group,
+            "policy_version": self.policy.policy_version,
+            "dropped_groups": self.dropped_groups,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "curriculum": self.curriculum.state_dict(),
+            "rng": capture_rng(),
+            "log_sizes": sizes,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.curriculum.load_state_dict(state["curriculum"])
+        restore_rng(state["rng"])
+        self.step, self.next_group = int(state["step"]), int(state["next_group"])
+        self.policy.policy_version = int(state["policy_version"])
+        self.dropped_groups = int(state["dropped_groups"])
+        for name, size in state["log_sizes"].items():
+            truncate_to(self.run_dir / name, int(size))
+
+    def resume(self) -> bool:
+        """Continue from the run directory's checkpoint, if it has one."""
+        state = load_checkpoint(self.run_dir)
+        if state is None:
+            return False
+        self.load_state_dict(state)
+        log.info("resumed %s at step %d (next group %d)", self.run_dir, self.step, self.next_group)
+        return True
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> list[dict[str, float]]:
+        """Train until ``train.steps``; returns this call's per-step metrics."""
+        tc = self.config.train
+        (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
+        workers = RolloutWorkers(
+            make=lambda: make_env(self.config.env.id, dict(self.config.env.kwargs)),
+            policy=self.policy,
+            harness=self.harness,
+            sampler=self.sampler,
+            sampling=SamplingParams(
+                max_tokens=self.config.sampling.max_tokens, temperature=self.config.sampling.temperature
+            ),
+            tools_for=self.curriculum.tools_for,
+            max_total_tokens=self.config.env.max_total_tokens,
+            workers=tc.rollout_workers,
+            queue_size=tc.queue_size,
+            per_step=tc.tasks_per_step,
+            max_ahead=tc.max_off_policy_steps,
+            start=self.next_group,
+        )
+        pending: dict[int, Group] = {}
+        history: list[dict[str, float]] = []
+        try:
+            from rich.progress import Progress
+
+            with Progress(transient=True) as progress:
+                bar = progress.add_task("training", total=tc.steps, completed=self.step)
+                while self.step < tc.steps:
+                    t0 = time.perf_counter()
+                    groups, stale = await self._collect(workers, pending)
+                    wait = time.perf_counter() - t0
+                    t1 = time.perf_counter()
+                    learn = await asyncio.to_thread(self._learn, groups)
+                    self.policy.policy_version += 1  # weight sync: the policy shares self.model
+                    self.step += 1
+                    unlocked = self.curriculum.observe([t for g in groups for t in g.trajectories])
+                    metrics = self._metrics(groups, stale, learn, wait, time.perf_counter() - t1)
+                    self._write(groups, learn, metrics, unlocked)
+                    history.append(metrics)
+                    if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 or self.step == tc.steps:
+                        save_checkpoint(self.run_dir, self.state_dict())
+                    progress.update(
+                        bar, completed=self.step, description=f"reward {metrics['reward/mean']:.3f}"
+                    )
+        finally:
+            await workers.close()
+        return history
+
+    async def _collect(
+        self, workers: RolloutWorkers, pending: dict[int, Group]
+    ) -> tuple[list[Group], list[int]]:
+        """The next ``tasks_per_step`` fresh groups, in index order; stale ones are dropped and counted."""
+        tc = self.config.train
+        groups: list[Group] = []
+        staleness: list[int] = []
+        while len(groups) < tc.tasks_per_step:
+            while self.next_group not in pending:
+                error = workers.failed()
+                if error is not None:
+                    raise error
+                try:
+                    group = await asyncio.wait_for(workers.queue.get(), timeout=0.5)
+                except TimeoutError:
+                    continue
+                pending[group.index] = group
+            group = pending.pop(self.next_group)
+            self.next_group += 1
+            await workers.advance(self.next_group)
+            age = self.policy.policy_version - group.policy_version
+            if age > tc.max_off_policy_steps:
+                self.dropped_groups += 1
+                continue
+            staleness.append(age)
+            groups.append(group)
+        return groups, staleness
+
+    def _learn(self, groups: Sequence[Group]) -> dict[str, Any]:
+        """One optimizer step on the groups' mask-1 tokens (runs in a thread; the workers keep sampling)."""
+        tc = self.config.train
+        rows: list[tuple[Trajectory, float]] = []
+        advantages: list[list[float]] = []
+        zero_var = 0
+        for group in groups:
+            usable = [t for t in group.trajectories if t.status != "infra_error"]
+            adv = (
+                group_advantages([t.reward for t in usable], normalize_std=tc.normalize_std)
+                if len(usable) >= 2
+                else []
+            )
+            by_id = {id(t): a for t, a in zip(usable, adv, strict=True)}
+            advantages.append([by_id.get(id(t), 0.0) for t in group.trajectories])
+            if tc.skip_zero_variance and all(a == 0.0 for a in adv):
+                zero_var += 1
+                continue
+            rows.extend((t, by_id[id(t)]) for t in usable)
+        for trajectory, _ in rows:
+            check_token_receipt(trajectory)
+        total = sum(sum(t.loss_mask) for t, _ in rows)
+        out: dict[str, Any] = {
+            "advantages": advantages,
+            "zero_variance": zero_var,
+            "trained": {id(t) for t, _ in rows},
+        }
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = {"pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "mismatch_kl": 0.0}
+        temperature = self.config.sampling.temperature
+        self.model.train()
+        for start in range(0, len(rows), tc.micro_batch):
+            chunk = rows[start : start + tc.micro_batch]
+            seqs = [t.token_ids for t, _ in chunk]
+            logp, _ = token_logprobs(self.model, seqs, temperature=temperature)
+            shape = logp.shape
+            behaviour, mask = torch.zeros(shape), torch.zeros(shape)
+            for i, (t, _) in enumerate(chunk):
+                behaviour[i, : len(t.logprobs)] = torch.tensor(t.logprobs)
+                mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref, _ = token_logprobs(self.reference, seqs, temperature=temperature)
+            terms = clipped_pg_loss(
+                logp,
+                behaviour,
+                torch.tensor([a for _, a in chunk]),
+                mask,
+                clip_low=tc.clip_low,
+                clip_high=tc.clip_high,
+                kl_coef=tc.kl_coef,
+                logp_ref=ref,
+                num_tokens=total,
+            )
+            terms.loss.backward()
+            with torch.no_grad():
+                # mismatch: how far the learner's distribution is from the one that sampled (k3)
+                sums["mismatch_kl"] += float((k3_kl(behaviour, logp.detach()) * mask).sum()) / max(total, 1)
+            for key in ("pg", "kl", "clip_frac", "ratio_mean"):
+                sums[key] += getattr(terms, key)
+        self.model.eval()
+        grad_norm = 0.0
+        if rows:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out.update(sums, grad_norm=grad_norm, tokens=total)
+        return out
+
+    # ------------------------------------------------------------------ logging
+    def _metrics(
+        self, groups: Sequence[Group], stale: list[int], learn: dict[str, Any], wait: float, t_learn: float
+    ) -> dict[str, float]:
+        trajs = [t for g in groups for t in g.trajectories]
+        ok = [t for t in trajs if t.status != "infra_error"]
+        rewards = [t.reward for t in ok] or [0.0]
+        mean = sum(rewards) / len(rewards)
+        tools = sorted(
+            {
+                k.split("/")[1]
+                for t in trajs
+                for k in t.metrics
+                if k.startswith("tool/") and k.endswith("/calls")
+            }
+            | {n for t in trajs for n in t.allowed_tools}
+        )
+        metrics: dict[str, float] = {
+            "step": float(self.step),
+            "policy_version": float(self.policy.policy_version),
+            "reward/mean": mean,
+            "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+            "reward/success_rate": sum(r >= self.config.curriculum.success_threshold for r in rewards)
+            / len(rewards),
+            "loss/pg": learn["pg"],
+            "loss/kl": learn["kl"],
+            "loss/clip_frac": learn["clip_frac"],
+            "loss/ratio_mean": learn["ratio_mean"],
+            "loss/grad_norm": learn["grad_norm"],
+            "loss/tokens": float(learn["tokens"]),
+            "mismatch/kl": learn["mismatch_kl"],
+            "staleness/mean": sum(stale) / len(stale),
+            "staleness/max": float(max(stale)),
+            "staleness/dropped_groups": float(self.dropped_groups),
+            "groups/zero_variance": float(learn["zero_variance"]),
+            "response/tokens_mean": sum(sum(t.loss_mask) for t in trajs) / len(trajs),
+            "env/turns_mean": sum(t.metrics.get("env/turns", 0.0) for t in trajs) / len(trajs),
+            "env/infra_errors": float(len(trajs) - len(ok)),
+            "time/generate": sum(t.timings.get("time/generate", 0.0) for t in trajs) / len(trajs),
+            "time/env": sum(t.timings.get("time/env", 0.0) for t in trajs) / len(trajs),
+            "time/learn": t_learn,
+            "time/queue_wait": wait,
+        }
+        for name in tools:
+            metrics[f"tool/{name}/calls"] = sum(
+                t.metrics.get(f"tool/{name}/calls", 0.0) for t in trajs
+            ) / len(trajs)
+        metrics.update(self.curriculum.metrics())
+        return metrics
+
+    def _write(
+        self, groups: Sequence[Group], learn: dict[str, Any], metrics: dict[str, float], unlocked: bool
+    ) -> None:
+        with (self.run_dir / "trajectories.jsonl").open("a", encoding="utf-8") as fh:
+            for group, advs in zip(groups, learn["advantages"], strict=True):
+                for i, (t, a) in enumerate(zip(group.trajectories, advs, strict=True)):
+                    record = {
+                        "step": self.step,
+                        "group": group.index,
+                        "sample": i,
+                        "advantage": a,
+                        "trained": id(t) in learn["trained"],
+                    }
+                    record["trajectory"] = json.loads(t.to_json())
+                    fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+        if unlocked:
+            event = self.curriculum.events[-1] | {"step": self.step}
+            with (self.run_dir / "curriculum.jsonl").open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(event) + "\n")
+        self.last_metrics = metrics
+
+
+def train_command(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path) -> Path:
+    """``toolgym train --config FILE [key=value ...] --out DIR``; resumes if DIR holds a checkpoint."""
+    config = load_config(config_path, overrides)
+    trainer = Trainer(config, out_dir)
+    trainer.resume()
+    asyncio.run(trainer.run())
+    return Path(out_dir)
+
+
+def report_command(run_dir: str | Path) -> Path:
+    """``toolgym report RUN_DIR``: writes ``RUN_DIR/report.html`` and returns its path."""
+    from toolgym.training.report import write_report
+
+    return write_report(run_dir)
