@@ -1,0 +1,32 @@
+"""README's two commands stay true: the test command is the one CI runs; the main job parses."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from toolgym.cli import _parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
+
+
+def test_test_command_is_the_one_ci_runs():
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = re.search(r'^TEST_COMMAND="(.+)"$', ci, re.MULTILINE).group(1)
+    assert any(block.strip() == command for block in _bash_blocks((ROOT / "README.md").read_text()))
+
+
+def test_main_job_command_parses_and_uses_the_embedded_defaults():
+    blocks = _bash_blocks((ROOT / "README.md").read_text())
+    main_job = next(b for b in blocks if "toolgym " in b and "pytest" not in b).strip()
+    install, _, command = main_job.partition(" && ")
+    assert install == "bash .ci/install" and (ROOT / ".ci" / "install").exists()
+    argv = shlex.split(command)
+    assert argv[0] == "toolgym"
+    args = _parser().parse_args(argv[1:])
+    assert args.func is not None
