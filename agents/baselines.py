@@ -33,5 +33,7 @@ BASELINES: dict[str, Callable[[], RulePolicy]] = {
 def baseline_policy(env_id: str) -> RulePolicy:
     """The scripted baseline of an environment."""
     if env_id not in BASELINES:
-        raise ConfigError(f"no scripted baseline for {env_id!r}.{did_you_mean(env_id, BASELINES)} Have: {', '.join(BASELINES)}")
+        raise ConfigError(
+            f"no scripted baseline for {env_id!r}.{did_you_mean(env_id, BASELINES)} Have: {', '.join(BASELINES)}"
+        )
     return BASELINES[env_id]()

@@ -56,7 +56,9 @@ class EvalReport:
         return json.dumps(asdict(self), indent=2)
 
 
-def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+def paired_bootstrap(
+    a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float, float]:
     """Mean of ``b - a`` over paired items and its percentile-bootstrap 95% interval."""
     if len(a) != len(b) or not a:
         raise ValueError(f"paired samples must have the same non-zero length, got {len(a)} and {len(b)}")
@@ -77,7 +79,12 @@ def summarize(harness: str, trajectories: Sequence[Trajectory]) -> TrackSummary:
         success=mean([float(t.reward >= 1.0 - 1e-9) for t in scored]),
         reward=mean([t.reward for t in scored]),
         metrics={k: mean([t.metrics.get(k, 0.0) for t in scored]) for k in keys},
-        tool_calls=mean([sum(v for k, v in t.metrics.items() if k.startswith("tool/") and k.endswith("/calls")) for t in scored]),
+        tool_calls=mean(
+            [
+                sum(v for k, v in t.metrics.items() if k.startswith("tool/") and k.endswith("/calls"))
+                for t in scored
+            ]
+        ),
         tokens=mean([t.metrics.get("tokens/sampled", 0.0) for t in scored]),
         seconds=mean([t.timings.get("time/total", 0.0) for t in scored]),
         infra_errors=len(trajectories) - len(scored),
@@ -126,7 +133,13 @@ async def evaluate(
             env = pool.pop() if pool else gymnasium.make(env_id, **(env_kwargs or {}))
             try:
                 trajectory = await run_episode(
-                    env, policy, harness, seed=seed + i, options={"task_id": task_id}, sampling=sampling, env_id=env_id
+                    env,
+                    policy,
+                    harness,
+                    seed=seed + i,
+                    options={"task_id": task_id},
+                    sampling=sampling,
+                    env_id=env_id,
                 )
             finally:
                 pool.append(env)
@@ -140,14 +153,18 @@ async def evaluate(
     try:
         for harness in harness_objs:
             policy = policy_factory()
-            results[harness.name] = list(await asyncio.gather(*(one(harness, policy, i, t) for i, t in enumerate(picked))))
+            results[harness.name] = list(
+                await asyncio.gather(*(one(harness, policy, i, t) for i, t in enumerate(picked)))
+            )
     finally:
         for env in pool:
             env.close()
     tracks = [summarize(name, trajs) for name, trajs in results.items()]
     names = list(results)
     paired = {
-        name: paired_bootstrap([t.reward for t in results[names[0]]], [t.reward for t in results[name]], seed=seed)
+        name: paired_bootstrap(
+            [t.reward for t in results[names[0]]], [t.reward for t in results[name]], seed=seed
+        )
         for name in names[1:]
     }
     report = EvalReport(env_id, getattr(policy, "name", type(policy).__name__), seed, picked, tracks, paired)

@@ -67,12 +67,17 @@ class ScaffoldHarness:
         for message in out:
             content = message["content"]
             if len(content) > self.max_tool_chars:
-                message["content"] = content[: self.max_tool_chars] + f"\n[... shortened by the scaffold: {len(content) - self.max_tool_chars} characters]"
+                message["content"] = (
+                    content[: self.max_tool_chars]
+                    + f"\n[... shortened by the scaffold: {len(content) - self.max_tool_chars} characters]"
+                )
         notes = []
         if any(m["content"].startswith("Error:") for m in out):
             notes.append(self.HINT)
         left = max_turns - turn
-        notes.append("This is your last turn: give your final answer now." if left <= 1 else f"{left} turns left.")
+        notes.append(
+            "This is your last turn: give your final answer now." if left <= 1 else f"{left} turns left."
+        )
         out.append({"role": "user", "content": "\n".join(notes)})
         return out
 
@@ -83,5 +88,7 @@ HARNESSES: dict[str, type] = {"bare": BareHarness, "scaffold": ScaffoldHarness}
 def get_harness(name: str) -> Harness:
     """Harness by track name (``bare`` or ``scaffold``)."""
     if name not in HARNESSES:
-        raise ConfigError(f"unknown harness {name!r}.{did_you_mean(name, HARNESSES)} Choose from: {', '.join(HARNESSES)}")
+        raise ConfigError(
+            f"unknown harness {name!r}.{did_you_mean(name, HARNESSES)} Choose from: {', '.join(HARNESSES)}"
+        )
     return HARNESSES[name]()

@@ -20,7 +20,9 @@ class ChatPolicy:
         self.tokenizer = tokenizer
         self.template = template or ChatMLTemplate()
 
-    def render(self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False) -> list[int]:
+    def render(
+        self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False
+    ) -> list[int]:
         if continuation:
             text = self.template.continuation(messages, close_turn=close_turn)
         else:
@@ -69,7 +71,9 @@ class RulePolicy(ChatPolicy):
     turn. Deterministic rules make deterministic baselines.
     """
 
-    def __init__(self, rule: Callable[[str], str], name: str = "rule", tokenizer: TextTokenizer | None = None) -> None:
+    def __init__(
+        self, rule: Callable[[str], str], name: str = "rule", tokenizer: TextTokenizer | None = None
+    ) -> None:
         super().__init__(tokenizer or ByteTokenizer())
         self.rule = rule
         self.name = name

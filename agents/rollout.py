@@ -79,7 +79,9 @@ async def run_episode(
                 metrics["env/token_budget_exhausted"] = 1.0
                 break
             t0 = time.perf_counter()
-            completion = await policy.generate(token_ids, replace(sampling, max_tokens=min(sampling.max_tokens, budget)))
+            completion = await policy.generate(
+                token_ids, replace(sampling, max_tokens=min(sampling.max_tokens, budget))
+            )
             t_generate += time.perf_counter() - t0
             versions.append(completion.policy_version)
             append(completion.token_ids, 1, completion.logprobs)
@@ -93,7 +95,12 @@ async def run_episode(
                 break
             new_messages = harness.after_step(obs, turn=turn, max_turns=max_turns)
             history.extend(new_messages)
-            append(policy.render(new_messages, continuation=True, close_turn=completion.finish_reason == "length"), 0)
+            append(
+                policy.render(
+                    new_messages, continuation=True, close_turn=completion.finish_reason == "length"
+                ),
+                0,
+            )
     except InfraError as exc:
         status, error, reward = "infra_error", f"{type(exc).__name__}: {exc}", 0.0
     sampled = sum(loss_mask)

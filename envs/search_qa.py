@@ -33,7 +33,14 @@ from toolgym.data import read_jsonl
 from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError, ToolCallError, did_you_mean
 
-__all__ = ["ExactMatchVerifier", "SearchQAEnv", "default_corpus", "default_questions", "f1_score", "normalize_answer"]
+__all__ = [
+    "ExactMatchVerifier",
+    "SearchQAEnv",
+    "default_corpus",
+    "default_questions",
+    "f1_score",
+    "normalize_answer",
+]
 
 METRICS = ("em", "f1")
 MAX_K = 10
@@ -82,7 +89,9 @@ class ExactMatchVerifier:
             return Score(0.0, {"reward/em": 0.0, "reward/f1": 0.0, "answer/invalid": 1.0})
         em = max(float(normalize_answer(answer) == normalize_answer(g)) for g in golds)
         f1 = max(f1_score(answer, g) for g in golds)
-        return Score(em if self.metric == "em" else f1, {"reward/em": em, "reward/f1": f1, "answer/invalid": 0.0})
+        return Score(
+            em if self.metric == "em" else f1, {"reward/em": em, "reward/f1": f1, "answer/invalid": 0.0}
+        )
 
 
 # ----------------------------------------------------------------------------- data
@@ -114,7 +123,14 @@ def default_questions() -> list[Task]:
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
                 answers = list(dict.fromkeys(a["text"] for a in qa["answers"]))
-                tasks.append(Task(qa["id"], PROMPT.format(question=qa["question"]), answers, {"question": qa["question"], "gold_doc": f"xq{para:04d}", "source": "xquad-en"}))
+                tasks.append(
+                    Task(
+                        qa["id"],
+                        PROMPT.format(question=qa["question"]),
+                        answers,
+                        {"question": qa["question"], "gold_doc": f"xq{para:04d}", "source": "xquad-en"},
+                    )
+                )
             para += 1
     return tasks
 
@@ -122,12 +138,20 @@ def default_questions() -> list[Task]:
 def _load_questions(path: str | Path) -> list[Task]:
     tasks = []
     seen: set[str] = set()
-    for lineno, record in enumerate(read_jsonl(path, required=("id", "question", "answers"), kind="question"), 1):
+    for lineno, record in enumerate(
+        read_jsonl(path, required=("id", "question", "answers"), kind="question"), 1
+    ):
         answers = record["answers"]
         if isinstance(answers, str):
             answers = [answers]
-        if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
-            raise ConfigError(f"{path}: record {lineno} (id {record['id']!r}): 'answers' must be a non-empty list of strings")
+        if (
+            not isinstance(answers, list)
+            or not answers
+            or not all(isinstance(a, str) and a.strip() for a in answers)
+        ):
+            raise ConfigError(
+                f"{path}: record {lineno} (id {record['id']!r}): 'answers' must be a non-empty list of strings"
+            )
         if str(record["id"]) in seen:
             raise ConfigError(f"{path}: record {lineno}: duplicate question id {record['id']!r}")
         seen.add(str(record["id"]))
@@ -221,7 +245,9 @@ class SearchQAEnv(ToolEnv):
             try:
                 doc = index.get(doc_id.strip())
             except KeyError:
-                raise ToolCallError(f"no document with id {doc_id!r}; use an id from the search results", tool="open") from None
+                raise ToolCallError(
+                    f"no document with id {doc_id!r}; use an id from the search results", tool="open"
+                ) from None
             return f"[{doc['id']}] {doc['title']}\n{doc['text']}"
 
         return [
@@ -232,7 +258,11 @@ class SearchQAEnv(ToolEnv):
                     "type": "object",
                     "properties": {
                         "query": {"type": "string", "description": "words to search for"},
-                        "k": {"type": "integer", "description": f"number of results, 1-{MAX_K}", "default": 3},
+                        "k": {
+                            "type": "integer",
+                            "description": f"number of results, 1-{MAX_K}",
+                            "default": 3,
+                        },
                     },
                     "required": ["query"],
                 },
@@ -242,7 +272,11 @@ class SearchQAEnv(ToolEnv):
             FunctionTool(
                 "open",
                 "Read the full text of a document by its id.",
-                {"type": "object", "properties": {"doc_id": {"type": "string", "description": "id from search results"}}, "required": ["doc_id"]},
+                {
+                    "type": "object",
+                    "properties": {"doc_id": {"type": "string", "description": "id from search results"}},
+                    "required": ["doc_id"],
+                },
                 fn=open_doc,
                 timeout=10.0,
             ),
@@ -253,4 +287,3 @@ class SearchQAEnv(ToolEnv):
                 terminal=True,
             ),
         ]
-

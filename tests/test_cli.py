@@ -19,7 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def toolgym(*args, stdin=None, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "toolgym.cli", *args], input=stdin, capture_output=True, text=True, cwd=cwd, timeout=600
+        [sys.executable, "-m", "toolgym.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
     )
 
 
@@ -33,14 +38,31 @@ def test_envs_lists_every_id():
 
 
 def test_eval_scripted_prints_the_paired_table(tmp_path):
-    out = toolgym("eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--n", "12", "--seed", "3", "--out", str(tmp_path))
+    out = toolgym(
+        "eval",
+        "--env",
+        "toolgym/SearchQA-v0",
+        "--policy",
+        "scripted",
+        "--n",
+        "12",
+        "--seed",
+        "3",
+        "--out",
+        str(tmp_path),
+    )
     assert out.returncode == 0, out.stderr
     assert re.search(r"bare\s+│", out.stdout) and re.search(r"scaffold\s+│", out.stdout)
     assert "paired reward difference scaffold - bare: +0.000" in out.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert len(summary["task_ids"]) == 12 and [t["harness"] for t in summary["tracks"]] == ["bare", "scaffold"]
+    assert len(summary["task_ids"]) == 12 and [t["harness"] for t in summary["tracks"]] == [
+        "bare",
+        "scaffold",
+    ]
     bare = [json.loads(line) for line in (tmp_path / "trajectories-bare.jsonl").read_text().splitlines()]
-    scaffold = [json.loads(line) for line in (tmp_path / "trajectories-scaffold.jsonl").read_text().splitlines()]
+    scaffold = [
+        json.loads(line) for line in (tmp_path / "trajectories-scaffold.jsonl").read_text().splitlines()
+    ]
     assert [t["task_id"] for t in bare] == [t["task_id"] for t in scaffold] == summary["task_ids"]
     assert [t["seed"] for t in bare] == [t["seed"] for t in scaffold] == list(range(3, 15))
 
@@ -48,9 +70,15 @@ def test_eval_scripted_prints_the_paired_table(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["eval", "--env", "toolgym/SerchQA-v0", "--policy", "scripted"], "Did you mean 'toolgym/SearchQA-v0'"),
+        (
+            ["eval", "--env", "toolgym/SerchQA-v0", "--policy", "scripted"],
+            "Did you mean 'toolgym/SearchQA-v0'",
+        ),
         (["eval", "--env", "toolgym/SearchQA-v0", "--policy", "smolm2"], "Did you mean 'smollm2'"),
-        (["eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--harness", "bare,scafold"], "Did you mean 'scaffold'"),
+        (
+            ["eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--harness", "bare,scafold"],
+            "Did you mean 'scaffold'",
+        ),
         (["eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--n", "0"], "n must be >= 1"),
         (["index", "build", "--corpus", "missing.jsonl"], "missing.jsonl"),
         (["play", "toolgym/SearchQA-v9"], "Did you mean 'toolgym/SearchQA-v0'"),
@@ -74,7 +102,9 @@ def test_play_by_hand():
 
 def test_index_build_command(tmp_path):
     corpus = tmp_path / "c.jsonl"
-    corpus.write_text("\n".join(json.dumps({"id": f"d{i}", "title": f"T{i}", "text": f"word{i} common"}) for i in range(30)))
+    corpus.write_text(
+        "\n".join(json.dumps({"id": f"d{i}", "title": f"T{i}", "text": f"word{i} common"}) for i in range(30))
+    )
     out = toolgym("index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"))
     assert out.returncode == 0, out.stderr
     assert "index ready" in out.stdout
@@ -98,7 +128,11 @@ def test_new_env_writes_a_skeleton_whose_test_passes(tmp_path):
     assert main(["new-env", "Weather", "--dir", str(tmp_path)]) == 0
     assert (tmp_path / "weather_env.py").exists() and (tmp_path / "test_weather_env.py").exists()
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, timeout=600
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 passed" in out.stdout

@@ -7,7 +7,10 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"toolgym": ROOT / "src" / "toolgym", **{f"toolgym.{d}": ROOT / d for d in ("envs", "tools", "agents", "training")}}
+FOLDERS = {
+    "toolgym": ROOT / "src" / "toolgym",
+    **{f"toolgym.{d}": ROOT / d for d in ("envs", "tools", "agents", "training")},
+}
 
 # subpackage -> toolgym subpackages it may import (the core "toolgym" is always allowed)
 ALLOWED = {
@@ -60,7 +63,9 @@ def test_every_subpackage_is_listed_in_pyproject():
             if "templates" in init.parts:
                 continue
             sub = ".".join([package, *init.parent.relative_to(folder).parts])
-            assert sub in listed, f"{sub} ({init.parent}) is missing from [tool.setuptools] packages in pyproject.toml"
+            assert sub in listed, (
+                f"{sub} ({init.parent}) is missing from [tool.setuptools] packages in pyproject.toml"
+            )
         assert (ROOT / dirs[package]).resolve() == folder.resolve()
 
 

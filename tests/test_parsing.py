@@ -22,34 +22,118 @@ BIG = "x" * (1024 * 1024)
 MALFORMED = [
     ("empty string", "", "Error: empty turn: write a tool call or an answer"),
     ("whitespace only", "  \n\t ", "Error: empty turn: write a tool call or an answer"),
-    ("bad json", TC('{"name": "search", "arguments": {"query": "a"'), "Error: tool call is not valid JSON: Expecting ',' delimiter at line 1 column 46"),
-    ("single quotes", TC("{'name': 'search'}"), "Error: tool call is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
-    ("trailing text in tag", TC('{"name": "search", "arguments": {"query": "a"}} please'), "Error: tool call is not valid JSON: Extra data at line 1 column 49"),
+    (
+        "bad json",
+        TC('{"name": "search", "arguments": {"query": "a"'),
+        "Error: tool call is not valid JSON: Expecting ',' delimiter at line 1 column 46",
+    ),
+    (
+        "single quotes",
+        TC("{'name': 'search'}"),
+        "Error: tool call is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2",
+    ),
+    (
+        "trailing text in tag",
+        TC('{"name": "search", "arguments": {"query": "a"}} please'),
+        "Error: tool call is not valid JSON: Extra data at line 1 column 49",
+    ),
     ("empty tag", TC(""), 'Error: empty tool call: expected {"name": ..., "arguments": {...}}'),
-    ("json array", TC('[1, 2]'), 'Error: tool call must be a JSON object {"name": ..., "arguments": {...}}, got array'),
-    ("json string", TC('"search"'), 'Error: tool call must be a JSON object {"name": ..., "arguments": {...}}, got string'),
+    (
+        "json array",
+        TC("[1, 2]"),
+        'Error: tool call must be a JSON object {"name": ..., "arguments": {...}}, got array',
+    ),
+    (
+        "json string",
+        TC('"search"'),
+        'Error: tool call must be a JSON object {"name": ..., "arguments": {...}}, got string',
+    ),
     ("no name", TC('{"arguments": {"query": "a"}}'), 'Error: tool call has no "name" string'),
     ("name not a string", TC('{"name": 3, "arguments": {}}'), 'Error: tool call has no "name" string'),
-    ("unknown tool", TC('{"name": "serch", "arguments": {"query": "a"}}'), "Error: unknown tool 'serch'. Did you mean 'search'? Available tools: answer, search"),
-    ("unknown tool far", TC('{"name": "rm_rf", "arguments": {}}'), "Error: unknown tool 'rm_rf'. Available tools: answer, search"),
-    ("extra top-level key", TC('{"name": "search", "arguments": {"query": "a"}, "id": 1}'), "Error: search: unexpected key(s) 'id' in the call; expected only name and arguments"),
-    ("missing argument", TC('{"name": "search", "arguments": {}}'), "Error: search: missing required argument 'query'"),
+    (
+        "unknown tool",
+        TC('{"name": "serch", "arguments": {"query": "a"}}'),
+        "Error: unknown tool 'serch'. Did you mean 'search'? Available tools: answer, search",
+    ),
+    (
+        "unknown tool far",
+        TC('{"name": "rm_rf", "arguments": {}}'),
+        "Error: unknown tool 'rm_rf'. Available tools: answer, search",
+    ),
+    (
+        "extra top-level key",
+        TC('{"name": "search", "arguments": {"query": "a"}, "id": 1}'),
+        "Error: search: unexpected key(s) 'id' in the call; expected only name and arguments",
+    ),
+    (
+        "missing argument",
+        TC('{"name": "search", "arguments": {}}'),
+        "Error: search: missing required argument 'query'",
+    ),
     ("no arguments key", TC('{"name": "search"}'), "Error: search: missing required argument 'query'"),
-    ("extra argument", TC('{"name": "search", "arguments": {"query": "a", "lang": "en"}}'), "Error: search: unexpected argument 'lang' (allowed: k, query)"),
-    ("wrong type int", TC('{"name": "search", "arguments": {"query": "a", "k": "3"}}'), "Error: search: argument 'k' must be integer, got string"),
-    ("wrong type str", TC('{"name": "search", "arguments": {"query": 42}}'), "Error: search: argument 'query' must be string, got integer"),
-    ("null argument", TC('{"name": "search", "arguments": {"query": null}}'), "Error: search: argument 'query' must be string, got null"),
-    ("arguments not object", TC('{"name": "search", "arguments": [1]}'), "Error: search: arguments must be a JSON object, got array"),
-    ("arguments bad json string", TC('{"name": "search", "arguments": "{query"}'), "Error: search: arguments is a string that is not valid JSON"),
-    ("unclosed tag", '<tool_call>{"name": "search", "arguments": {"query": "a"}}', "Error: unclosed <tool_call> tag: end the call with </tool_call>"),
-    ("stray closing tag", 'hello </tool_call>', "Error: found </tool_call> without a matching <tool_call>"),
-    ("nested tags", '<tool_call><tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call></tool_call>', "Error: nested <tool_call> tags: put one JSON object in each <tool_call>...</tool_call>"),
-    ("1 MB argument", TC(json.dumps({"name": "search", "arguments": {"query": BIG}})), "Error: tool call too long (1048622 characters; at most 65536)"),
-    ("non-utf8 bytes", b'<tool_call>{"name": "search", "arguments": {"query": "\xff\xfe"}}</tool_call>', "Error: the turn is not valid UTF-8 (byte 54)"),
-    ("lone surrogate", 'answer \ud800', "Error: the turn contains invalid Unicode (a lone surrogate)"),
-    ("escaped lone surrogate", TC('{"name": "search", "arguments": {"query": "\\ud800"}}'), "Error: search: arguments contain invalid Unicode (a lone surrogate)"),
+    (
+        "extra argument",
+        TC('{"name": "search", "arguments": {"query": "a", "lang": "en"}}'),
+        "Error: search: unexpected argument 'lang' (allowed: k, query)",
+    ),
+    (
+        "wrong type int",
+        TC('{"name": "search", "arguments": {"query": "a", "k": "3"}}'),
+        "Error: search: argument 'k' must be integer, got string",
+    ),
+    (
+        "wrong type str",
+        TC('{"name": "search", "arguments": {"query": 42}}'),
+        "Error: search: argument 'query' must be string, got integer",
+    ),
+    (
+        "null argument",
+        TC('{"name": "search", "arguments": {"query": null}}'),
+        "Error: search: argument 'query' must be string, got null",
+    ),
+    (
+        "arguments not object",
+        TC('{"name": "search", "arguments": [1]}'),
+        "Error: search: arguments must be a JSON object, got array",
+    ),
+    (
+        "arguments bad json string",
+        TC('{"name": "search", "arguments": "{query"}'),
+        "Error: search: arguments is a string that is not valid JSON",
+    ),
+    (
+        "unclosed tag",
+        '<tool_call>{"name": "search", "arguments": {"query": "a"}}',
+        "Error: unclosed <tool_call> tag: end the call with </tool_call>",
+    ),
+    ("stray closing tag", "hello </tool_call>", "Error: found </tool_call> without a matching <tool_call>"),
+    (
+        "nested tags",
+        '<tool_call><tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call></tool_call>',
+        "Error: nested <tool_call> tags: put one JSON object in each <tool_call>...</tool_call>",
+    ),
+    (
+        "1 MB argument",
+        TC(json.dumps({"name": "search", "arguments": {"query": BIG}})),
+        "Error: tool call too long (1048622 characters; at most 65536)",
+    ),
+    (
+        "non-utf8 bytes",
+        b'<tool_call>{"name": "search", "arguments": {"query": "\xff\xfe"}}</tool_call>',
+        "Error: the turn is not valid UTF-8 (byte 54)",
+    ),
+    ("lone surrogate", "answer \ud800", "Error: the turn contains invalid Unicode (a lone surrogate)"),
+    (
+        "escaped lone surrogate",
+        TC('{"name": "search", "arguments": {"query": "\\ud800"}}'),
+        "Error: search: arguments contain invalid Unicode (a lone surrogate)",
+    ),
     ("not text", 12345, "Error: expected the turn as text, got int"),
-    ("nan literal", TC('{"name": "search", "arguments": {"query": "a", "k": NaN}}'), "Error: search: argument 'k' must be integer, got number"),
+    (
+        "nan literal",
+        TC('{"name": "search", "arguments": {"query": "a", "k": NaN}}'),
+        "Error: search: argument 'k' must be integer, got number",
+    ),
 ]
 
 
@@ -68,7 +152,9 @@ def test_two_calls_in_one_turn_runs_the_first_and_reports_the_rest():
     text = format_tool_call("search", {"query": "a"}) + format_tool_call("search", {"query": "b"})
     turn = parse(text, TOOLS)
     assert [c.arguments["query"] for c in turn.calls] == ["a"]
-    assert [e.observation() for e in turn.errors] == ["Error: too many tool calls in one turn (got 2, at most 1); only the first 1 ran"]
+    assert [e.observation() for e in turn.errors] == [
+        "Error: too many tool calls in one turn (got 2, at most 1); only the first 1 ran"
+    ]
 
 
 def test_valid_call_with_surrounding_text():

@@ -24,7 +24,9 @@ POLICIES = ("smollm2", "scripted", "hf")
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -39,16 +41,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="toolgym", description="Multi-turn tool-use environments, evaluation and RL training.")
+    parser = argparse.ArgumentParser(
+        prog="toolgym", description="Multi-turn tool-use environments, evaluation and RL training."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(title="commands")
 
     p = sub.add_parser("envs", help="list registered environment ids")
     p.set_defaults(func=cmd_envs)
 
-    p = sub.add_parser("eval", help="evaluate a policy on an environment, bare and scaffold tracks side by side")
+    p = sub.add_parser(
+        "eval", help="evaluate a policy on an environment, bare and scaffold tracks side by side"
+    )
     p.add_argument("--env", required=True, help="environment id, e.g. toolgym/SearchQA-v0")
-    p.add_argument("--policy", default="smollm2", help="smollm2 (embedded model), scripted (model-free baseline), or hf:PATH (a local HF model dir)")
+    p.add_argument(
+        "--policy",
+        default="smollm2",
+        help="smollm2 (embedded model), scripted (model-free baseline), or hf:PATH (a local HF model dir)",
+    )
     p.add_argument("--harness", default="bare,scaffold", help="comma-separated tracks (bare, scaffold)")
     p.add_argument("--n", type=int, default=50, help="number of tasks (the same ones on every track)")
     p.add_argument("--seed", type=int, default=0, help="seed for task choice and episodes")
@@ -56,16 +66,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight (the model batches them)")
     p.add_argument("--max-tokens", type=int, default=96, help="tokens per assistant turn")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="environment constructor argument (JSON value)")
-    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help="import a module that registers your environment")
+    p.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment constructor argument (JSON value)",
+    )
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module that registers your environment",
+    )
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("play", help="play an environment by hand: you type the agent's turns")
     p.add_argument("env", help="environment id")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--task-id", default=None)
-    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="environment constructor argument (JSON value)")
-    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help="import a module that registers your environment")
+    p.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment constructor argument (JSON value)",
+    )
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module that registers your environment",
+    )
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("index", help="search indexes")
@@ -106,7 +142,9 @@ def _import_modules(names: list[str]) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise ConfigError(f"cannot import {name!r} ({exc}); run from the folder that contains it") from None
+            raise ConfigError(
+                f"cannot import {name!r} ({exc}); run from the folder that contains it"
+            ) from None
 
 
 def _env_kwargs(pairs: list[str]) -> dict[str, Any]:
@@ -132,7 +170,9 @@ def _policy_factory(name: str, env_id: str, seed: int) -> Any:
 
         policy = HFPolicy(None if name == "smollm2" else name[3:], seed=seed)
         return lambda: policy
-    raise ConfigError(f"unknown policy {name!r}.{did_you_mean(name, POLICIES)} Choose smollm2, scripted, or hf:PATH")
+    raise ConfigError(
+        f"unknown policy {name!r}.{did_you_mean(name, POLICIES)} Choose smollm2, scripted, or hf:PATH"
+    )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -154,7 +194,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"n must be >= 1, got {args.n}")
     factory = _policy_factory(args.policy, args.env, args.seed)
     console = Console(stderr=True)
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console) as bar:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
         task = bar.add_task(f"eval {args.env}", total=None)
 
         def progress(done: int, total: int) -> None:
@@ -168,25 +215,44 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 n=args.n,
                 seed=args.seed,
                 concurrency=args.concurrency,
-                sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed),
+                sampling=SamplingParams(
+                    max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
+                ),
                 out_dir=args.out,
                 env_kwargs=_env_kwargs(args.env_arg),
                 progress=progress,
             )
         )
-    table = Table(title=f"{report.env_id} · policy {report.policy} · n={len(report.task_ids)} · seed {report.seed}")
+    table = Table(
+        title=f"{report.env_id} · policy {report.policy} · n={len(report.task_ids)} · seed {report.seed}"
+    )
     reward_keys = sorted({k for t in report.tracks for k in t.metrics})
-    for col in ["track", "success", *[k.removeprefix("reward/") for k in reward_keys], "tool calls", "tokens", "seconds", "infra err"]:
+    for col in [
+        "track",
+        "success",
+        *[k.removeprefix("reward/") for k in reward_keys],
+        "tool calls",
+        "tokens",
+        "seconds",
+        "infra err",
+    ]:
         table.add_column(col, justify="left" if col == "track" else "right")
     for t in report.tracks:
         table.add_row(
-            t.harness, f"{t.success:.3f}", *[f"{t.metrics.get(k, 0.0):.3f}" for k in reward_keys],
-            f"{t.tool_calls:.2f}", f"{t.tokens:.0f}", f"{t.seconds:.1f}", str(t.infra_errors),
+            t.harness,
+            f"{t.success:.3f}",
+            *[f"{t.metrics.get(k, 0.0):.3f}" for k in reward_keys],
+            f"{t.tool_calls:.2f}",
+            f"{t.tokens:.0f}",
+            f"{t.seconds:.1f}",
+            str(t.infra_errors),
         )
     Console().print(table)
     base = report.tracks[0].harness
     for name, (diff, low, high) in report.paired.items():
-        print(f"paired reward difference {name} - {base}: {diff:+.3f} (95% bootstrap CI [{low:+.3f}, {high:+.3f}], n={len(report.task_ids)} tasks)")
+        print(
+            f"paired reward difference {name} - {base}: {diff:+.3f} (95% bootstrap CI [{low:+.3f}, {high:+.3f}], n={len(report.task_ids)} tasks)"
+        )
     if args.out is not None:
         print(f"trajectories and summary.json written to {args.out}")
     return 0
@@ -200,7 +266,9 @@ def cmd_play(args: argparse.Namespace) -> int:
     options = {"task_id": args.task_id} if args.task_id else None
     obs, info = env.reset(seed=args.seed, options=options)
     names = info["allowed_tools"]
-    print(f"# {args.env} · task {info['task_id']} · tools: {', '.join(names)} · max turns {info['max_turns']}")
+    print(
+        f"# {args.env} · task {info['task_id']} · tools: {', '.join(names)} · max turns {info['max_turns']}"
+    )
     print("# Type a turn: raw text, a <tool_call>...</tool_call>, or the shorthand `TOOL {json arguments}`.")
     print("# End a multi-line turn with an empty line. :q quits, :reset starts a new episode.\n")
     _print_messages(obs)
@@ -216,7 +284,9 @@ def cmd_play(args: argparse.Namespace) -> int:
             obs, reward, terminated, truncated, info = env.step(_expand_shorthand(turn, names))
             _print_messages(obs)
             if terminated or truncated:
-                print(f"# episode {'terminated' if terminated else 'truncated'} · reward {reward} · metrics {json.dumps(info.get('metrics', {}))}")
+                print(
+                    f"# episode {'terminated' if terminated else 'truncated'} · reward {reward} · metrics {json.dumps(info.get('metrics', {}))}"
+                )
                 print("# :reset for another episode, :q to quit")
     finally:
         env.close()
@@ -268,7 +338,10 @@ def cmd_new_env(args: argparse.Namespace) -> int:
     class_name = name[0].upper() + name[1:]
     module = re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower() + "_env"
     args.dir.mkdir(parents=True, exist_ok=True)
-    targets = {args.dir / f"{module}.py": "env_module.py.txt", args.dir / f"test_{module}.py": "env_test.py.txt"}
+    targets = {
+        args.dir / f"{module}.py": "env_module.py.txt",
+        args.dir / f"test_{module}.py": "env_test.py.txt",
+    }
     for path in targets:
         if path.exists():
             raise ConfigError(f"{path} exists; choose another name or directory")

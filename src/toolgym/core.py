@@ -58,14 +58,24 @@ class Task:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"id": self.id, "prompt": self.prompt, "reference": self.reference, "metadata": dict(self.metadata)},
+            {
+                "id": self.id,
+                "prompt": self.prompt,
+                "reference": self.reference,
+                "metadata": dict(self.metadata),
+            },
             ensure_ascii=False,
         )
 
     @classmethod
     def from_json(cls, text: str) -> Task:
         data = json.loads(text)
-        return cls(id=data["id"], prompt=data["prompt"], reference=data["reference"], metadata=data.get("metadata", {}))
+        return cls(
+            id=data["id"],
+            prompt=data["prompt"],
+            reference=data["reference"],
+            metadata=data.get("metadata", {}),
+        )
 
 
 @runtime_checkable
@@ -185,7 +195,9 @@ class Policy(Protocol):
 
     name: str
 
-    def render(self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False) -> list[int]: ...
+    def render(
+        self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False
+    ) -> list[int]: ...
 
     async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion: ...
 

@@ -13,7 +13,9 @@ from toolgym.errors import ConfigError
 __all__ = ["read_jsonl"]
 
 
-def read_jsonl(path: str | Path, *, required: Sequence[str] = (), kind: str = "record") -> Iterator[dict[str, Any]]:
+def read_jsonl(
+    path: str | Path, *, required: Sequence[str] = (), kind: str = "record"
+) -> Iterator[dict[str, Any]]:
     """Yield the JSON objects of a JSONL file (``.gz`` allowed), checking required keys.
 
     Blank lines are skipped. A line that is not a JSON object, or lacks a required key, raises
@@ -31,9 +33,13 @@ def read_jsonl(path: str | Path, *, required: Sequence[str] = (), kind: str = "r
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+                    raise ConfigError(
+                        f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
+                    ) from None
                 if not isinstance(record, dict):
-                    raise ConfigError(f"{path}:{lineno}: expected a JSON object per line, got {type(record).__name__}")
+                    raise ConfigError(
+                        f"{path}:{lineno}: expected a JSON object per line, got {type(record).__name__}"
+                    )
                 missing = [key for key in required if key not in record]
                 if missing:
                     raise ConfigError(

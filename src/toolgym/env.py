@@ -66,7 +66,9 @@ class MessagesSpace(gymnasium.spaces.Space):
 
     def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
         n = int(self.np_random.integers(1, 3))
-        return [{"role": "tool", "name": "sample", "content": _random_text(self.np_random, 40)} for _ in range(n)]
+        return [
+            {"role": "tool", "name": "sample", "content": _random_text(self.np_random, 40)} for _ in range(n)
+        ]
 
     def __repr__(self) -> str:
         return "MessagesSpace()"
@@ -134,7 +136,9 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         if max_turns < 1:
             raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+            raise ConfigError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
         self.max_turns = max_turns
         self.render_mode = render_mode
         self.max_calls_per_turn = max_calls_per_turn
@@ -180,7 +184,9 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         return [t.id for t in self.tasks]
 
     # ----------------------------------------------------------------- async API
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         super().reset(seed=seed)
         if self._closed:
             raise ToolgymError("this environment is closed; make a new one")
@@ -214,7 +220,9 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         if self._done:
             raise ToolgymError("the episode is over (or never started): call reset() before step()")
         self._turn += 1
-        self._history.append({"role": "assistant", "content": action if isinstance(action, str) else repr(action)})
+        self._history.append(
+            {"role": "assistant", "content": action if isinstance(action, str) else repr(action)}
+        )
         parsed = parse(
             action,
             {name: t.parameters for name, t in self._tools.items()},
@@ -231,7 +239,9 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             if tool.terminal:
                 terminated, answer = True, _terminal_answer(tool, call.arguments)
                 break
-            obs.append({"role": "tool", "name": call.name, "content": await self._run_tool(tool, call.arguments)})
+            obs.append(
+                {"role": "tool", "name": call.name, "content": await self._run_tool(tool, call.arguments)}
+            )
         if not terminated and not parsed.calls:
             terminated, answer = self._text_answer(parsed)
         self._history.extend(copy.deepcopy(obs))
@@ -251,7 +261,9 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         return obs, reward, terminated, truncated, info
 
     # ----------------------------------------------------------------- sync API (gymnasium)
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         return self._run_sync(self.areset(seed=seed, options=options))
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
@@ -260,7 +272,9 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
     def render(self) -> str | None:
         if self.render_mode != "ansi":
             return None
-        return "\n\n".join(f"[{m['role']}{'/' + m['name'] if 'name' in m else ''}]\n{m['content']}" for m in self._history)
+        return "\n\n".join(
+            f"[{m['role']}{'/' + m['name'] if 'name' in m else ''}]\n{m['content']}" for m in self._history
+        )
 
     def close(self) -> None:
         if self._closed:
@@ -305,7 +319,9 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             raise ConfigError(f'options["tools"] must be a list of tool names, got {allowed!r}')
         for name in allowed:
             if name not in tools:
-                raise ConfigError(f"unknown tool {name!r} in options['tools'].{did_you_mean(name, tools)} Available: {', '.join(tools)}")
+                raise ConfigError(
+                    f"unknown tool {name!r} in options['tools'].{did_you_mean(name, tools)} Available: {', '.join(tools)}"
+                )
         return {n: t for n, t in tools.items() if n in set(allowed) or t.terminal}
 
     async def _run_tool(self, tool: Tool, arguments: Any) -> str:

@@ -75,7 +75,9 @@ def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 
 
 def _example_value(schema: Mapping[str, Any]) -> Any:
-    return {"integer": 3, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(schema.get("type", ""), "...")
+    return {"integer": 3, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(
+        schema.get("type", ""), "..."
+    )
 
 
 def parse(
@@ -99,21 +101,33 @@ def parse(
     try:
         return _parse(text, tools, max_calls=max_calls, max_call_chars=max_call_chars)
     except Exception as exc:  # noqa: BLE001 - the parser is total by contract; this is the one guard
-        return ParsedTurn(content="", errors=(ToolParseError(f"could not parse the turn ({type(exc).__name__})"),))
+        return ParsedTurn(
+            content="", errors=(ToolParseError(f"could not parse the turn ({type(exc).__name__})"),)
+        )
 
 
-def _parse(text: str | bytes, tools: Mapping[str, Mapping[str, Any]], *, max_calls: int, max_call_chars: int) -> ParsedTurn:
+def _parse(
+    text: str | bytes, tools: Mapping[str, Mapping[str, Any]], *, max_calls: int, max_call_chars: int
+) -> ParsedTurn:
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            return ParsedTurn(content="", errors=(ToolParseError(f"the turn is not valid UTF-8 (byte {exc.start})"),))
+            return ParsedTurn(
+                content="", errors=(ToolParseError(f"the turn is not valid UTF-8 (byte {exc.start})"),)
+            )
     if not isinstance(text, str):
-        return ParsedTurn(content="", errors=(ToolParseError(f"expected the turn as text, got {type(text).__name__}"),))
+        return ParsedTurn(
+            content="", errors=(ToolParseError(f"expected the turn as text, got {type(text).__name__}"),)
+        )
     if _has_surrogates(text):
-        return ParsedTurn(content="", errors=(ToolParseError("the turn contains invalid Unicode (a lone surrogate)"),))
+        return ParsedTurn(
+            content="", errors=(ToolParseError("the turn contains invalid Unicode (a lone surrogate)"),)
+        )
     if not text.strip():
-        return ParsedTurn(content=text, errors=(ToolParseError("empty turn: write a tool call or an answer"),))
+        return ParsedTurn(
+            content=text, errors=(ToolParseError("empty turn: write a tool call or an answer"),)
+        )
 
     errors: list[ToolParseError] = []
     bodies, content = _split_blocks(text, errors)
@@ -175,7 +189,9 @@ def _parse_call(
     body: str, tools: Mapping[str, Mapping[str, Any]], max_call_chars: int, errors: list[ToolParseError]
 ) -> ToolCall | None:
     if len(body) > max_call_chars:
-        errors.append(ToolParseError(f"tool call too long ({len(body)} characters; at most {max_call_chars})"))
+        errors.append(
+            ToolParseError(f"tool call too long ({len(body)} characters; at most {max_call_chars})")
+        )
         return None
     body = body.strip()
     if not body:
@@ -184,10 +200,16 @@ def _parse_call(
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
-        errors.append(ToolParseError(f"tool call is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"))
+        errors.append(
+            ToolParseError(f"tool call is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
+        )
         return None
     if not isinstance(obj, dict):
-        errors.append(ToolParseError(f'tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got {_json_type(obj)}'))
+        errors.append(
+            ToolParseError(
+                f'tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got {_json_type(obj)}'
+            )
+        )
         return None
     name = obj.get("name")
     if not isinstance(name, str) or not name:
@@ -195,7 +217,12 @@ def _parse_call(
         return None
     extra_keys = sorted(set(obj) - {"name", "arguments"})
     if extra_keys:
-        errors.append(ToolParseError(f"unexpected key(s) {', '.join(map(repr, extra_keys))} in the call; expected only name and arguments", tool=name))
+        errors.append(
+            ToolParseError(
+                f"unexpected key(s) {', '.join(map(repr, extra_keys))} in the call; expected only name and arguments",
+                tool=name,
+            )
+        )
         return None
     if name not in tools:
         hint = did_you_mean(name, tools)
@@ -210,7 +237,9 @@ def _parse_call(
             errors.append(ToolParseError("arguments is a string that is not valid JSON", tool=name))
             return None
     if not isinstance(arguments, dict):
-        errors.append(ToolParseError(f"arguments must be a JSON object, got {_json_type(arguments)}", tool=name))
+        errors.append(
+            ToolParseError(f"arguments must be a JSON object, got {_json_type(arguments)}", tool=name)
+        )
         return None
     if _has_surrogates(json.dumps(arguments, ensure_ascii=False)):
         errors.append(ToolParseError("arguments contain invalid Unicode (a lone surrogate)", tool=name))
@@ -239,7 +268,11 @@ def schema_problem(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> s
         return None
     where = ".".join(str(p) for p in error.absolute_path) or "arguments"
     if error.validator == "type":
-        expected = error.validator_value if isinstance(error.validator_value, str) else " or ".join(error.validator_value)
+        expected = (
+            error.validator_value
+            if isinstance(error.validator_value, str)
+            else " or ".join(error.validator_value)
+        )
         return f"argument {where!r} must be {expected}, got {_json_type(error.instance)}"
     return f"argument {where!r}: {error.message}"
 
@@ -249,7 +282,9 @@ def _json_type(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def _has_surrogates(text: str) -> bool:

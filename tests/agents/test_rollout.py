@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from toolgym import FunctionTool, InfraError, Score, Task, ToolEnv
+from toolgym import FunctionTool, Score, Task, ToolEnv
 from toolgym.agents.chat import ByteTokenizer
 from toolgym.agents.evaluate import paired_bootstrap, summarize
 from toolgym.agents.harness import get_harness
@@ -37,7 +37,12 @@ class EchoEnv(ToolEnv):
 
         return [
             FunctionTool("word", "Returns the word", {"type": "object", "properties": {}}, fn=word),
-            FunctionTool("answer", "Answer", {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}, terminal=True),
+            FunctionTool(
+                "answer",
+                "Answer",
+                {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+                terminal=True,
+            ),
         ]
 
 
@@ -54,7 +59,7 @@ def test_mask_marks_exactly_the_sampled_tokens():
     assert trajectory.status == "ok" and trajectory.reward == 1.0
     n = len(trajectory.token_ids)
     assert len(trajectory.loss_mask) == len(trajectory.logprobs) == n
-    sampled = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]
+    sampled = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m]
     expected = tok.encode(TURNS[0] + "<|im_end|>") + tok.encode(TURNS[1] + "<|im_end|>")
     assert sampled == expected
     assert trajectory.token_hash == sampled_ids_hash(trajectory.token_ids, trajectory.loss_mask)
@@ -66,10 +71,12 @@ def test_mask_marks_exactly_the_sampled_tokens():
 
 
 def test_length_cut_turn_is_closed_before_the_next_chunk():
-    trajectory = run(EchoEnv(max_turns=3), ScriptedPolicy([TURNS[0]] * 3), sampling=SamplingParams(max_tokens=12))
+    trajectory = run(
+        EchoEnv(max_turns=3), ScriptedPolicy([TURNS[0]] * 3), sampling=SamplingParams(max_tokens=12)
+    )
     ids, mask = trajectory.token_ids, trajectory.loss_mask
     assert sum(mask) == 36 and trajectory.status == "truncated"
-    assert 257 not in [t for t, m in zip(ids, mask) if m]  # the cut turns sampled no end token
+    assert 257 not in [t for t, m in zip(ids, mask, strict=True) if m]  # the cut turns sampled no end token
     # ... so the two turns followed by more context are closed by an <|im_end|> with mask 0
     closes = [i for i in range(1, len(ids)) if ids[i] == 257 and mask[i] == 0 and mask[i - 1] == 1]
     assert len(closes) == 2

@@ -49,7 +49,9 @@ def test_reward_is_zero_until_the_end_and_turn_limit_truncates(env_id):
     obs, info = env.reset(seed=0)
     limit = info["max_turns"]
     for turn in range(1, limit + 1):
-        obs, reward, terminated, truncated, info = env.step('<tool_call>{"name": "nope", "arguments": {}}</tool_call>')
+        obs, reward, terminated, truncated, info = env.step(
+            '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+        )
         assert reward == 0.0 and not terminated
         assert obs[0]["content"].startswith("Error: unknown tool 'nope'")
         assert truncated == (turn == limit)
@@ -62,7 +64,12 @@ def test_reward_is_zero_until_the_end_and_turn_limit_truncates(env_id):
 def test_malformed_calls_become_observations(env_id):
     env = gymnasium.make(env_id)
     env.reset(seed=1)
-    for bad in ["<tool_call>{not json</tool_call>", "<tool_call>", "</tool_call>", "<tool_call>[]</tool_call>"]:
+    for bad in [
+        "<tool_call>{not json</tool_call>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_call>[]</tool_call>",
+    ]:
         obs, reward, terminated, truncated, _ = env.step(bad)
         assert obs and all(m["role"] == "tool" and m["content"].startswith("Error: ") for m in obs)
         assert reward == 0.0 and not terminated

@@ -14,7 +14,13 @@ from toolgym.agents.harness import get_harness
 from toolgym.agents.policy import ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Task
-from toolgym.envs.search_qa import ExactMatchVerifier, default_corpus, default_questions, f1_score, normalize_answer
+from toolgym.envs.search_qa import (
+    ExactMatchVerifier,
+    default_corpus,
+    default_questions,
+    f1_score,
+    normalize_answer,
+)
 from toolgym.errors import ConfigError
 from toolgym.parsing import format_tool_call
 
@@ -95,7 +101,10 @@ def test_answer_tag_ends_the_episode(env):
         (call("search", query="   "), "Error: search: empty query: pass the words to search for"),
         (call("search", query="Denver", k=0), "Error: search: k must be between 1 and 10, got 0"),
         (call("search", query="Denver", k=11), "Error: search: k must be between 1 and 10, got 11"),
-        (call("open", doc_id="xq9999"), "Error: open: no document with id 'xq9999'; use an id from the search results"),
+        (
+            call("open", doc_id="xq9999"),
+            "Error: open: no document with id 'xq9999'; use an id from the search results",
+        ),
     ],
 )
 def test_bad_tool_input_is_an_observation(env, action, expected):
@@ -112,12 +121,19 @@ def test_bring_your_own_corpus_and_questions(tmp_path):
             json.dumps(d)
             for d in [
                 {"id": "a", "title": "Kiwi", "text": "The kiwi is a flightless bird native to New Zealand."},
-                {"id": "b", "title": "Emu", "text": "The emu is the second-tallest living bird, found in Australia."},
+                {
+                    "id": "b",
+                    "title": "Emu",
+                    "text": "The emu is the second-tallest living bird, found in Australia.",
+                },
             ]
         )
     )
     questions = tmp_path / "qs.jsonl"
-    questions.write_text(json.dumps({"id": "q1", "question": "Where is the kiwi native to?", "answers": ["New Zealand"]}) + "\n")
+    questions.write_text(
+        json.dumps({"id": "q1", "question": "Where is the kiwi native to?", "answers": ["New Zealand"]})
+        + "\n"
+    )
     env = gymnasium.make(ENV_ID, corpus=str(corpus), questions=str(questions))
     env.reset(seed=0)
     obs, *_ = env.step(call("search", query="kiwi bird", k=1))
@@ -152,11 +168,17 @@ def test_malformed_corpus_names_file_and_line(tmp_path):
 
 def test_scripted_episode_through_the_rollout_on_both_tracks():
     task = default_questions()[0]
-    turns = [call("search", query=task.metadata["question"]), "<tool_call>{oops</tool_call>", call("answer", answer=task.reference[0])]
+    turns = [
+        call("search", query=task.metadata["question"]),
+        "<tool_call>{oops</tool_call>",
+        call("answer", answer=task.reference[0]),
+    ]
     results = {}
     for track in ("bare", "scaffold"):
         env = gymnasium.make(ENV_ID)
-        results[track] = asyncio.run(run_episode(env, ScriptedPolicy(turns), get_harness(track), seed=0, options={"task_id": task.id}))
+        results[track] = asyncio.run(
+            run_episode(env, ScriptedPolicy(turns), get_harness(track), seed=0, options={"task_id": task.id})
+        )
         env.close()
     for trajectory in results.values():
         assert trajectory.status == "ok" and trajectory.reward == 1.0
@@ -169,7 +191,11 @@ def test_search_baseline_runs_and_is_weak_but_real():
     env = gymnasium.make(ENV_ID)
     rewards = []
     for i, task in enumerate(default_questions()[:20]):
-        trajectory = asyncio.run(run_episode(env, baseline_policy(ENV_ID), get_harness("bare"), seed=i, options={"task_id": task.id}))
+        trajectory = asyncio.run(
+            run_episode(
+                env, baseline_policy(ENV_ID), get_harness("bare"), seed=i, options={"task_id": task.id}
+            )
+        )
         assert trajectory.status == "ok" and trajectory.metrics["tool/search/calls"] == 1.0
         rewards.append(trajectory.reward)
     env.close()
