@@ -112,6 +112,25 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=None, help="index directory (default: the cache)")
     b.set_defaults(func=cmd_index_build)
 
+    p = sub.add_parser("sandbox", help="the Docker code sandbox")
+    ssub = p.add_subparsers(title="sandbox commands")
+    b = ssub.add_parser(
+        "build", help="build the sandbox image offline (debootstrap + docker import); skips if present"
+    )
+    b.set_defaults(func=cmd_sandbox_build)
+
+    p = sub.add_parser(
+        "train", help="train a policy with the async GRPO trainer (resumes from DIR's checkpoint)"
+    )
+    p.add_argument("--config", default=None, help="TOML config file, or the name of a shipped config (demo)")
+    p.add_argument("--out", type=Path, default=Path("runs/train"), help="run directory")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. grpo.lr=1e-5")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("report", help="write RUN_DIR/report.html: curves and a trajectory viewer")
+    p.add_argument("run_dir", type=Path)
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("new-env", help="write a minimal environment (module + test) to start from")
     p.add_argument("name", help="environment name, e.g. Weather")
     p.add_argument("--dir", type=Path, default=Path("."), help="where to write the files")
@@ -328,6 +347,28 @@ def cmd_index_build(args: argparse.Namespace) -> int:
 
     path = build_command(args.corpus, args.backend, args.out)
     print(f"index ready: {path}")
+    return 0
+
+
+def cmd_sandbox_build(args: argparse.Namespace) -> int:
+    from toolgym.tools.sandbox_image import build_command
+
+    build_command()
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from toolgym.training.trainer import train_command
+
+    run_dir = train_command(args.config, args.overrides, args.out)
+    print(f"run written to {run_dir}; next: toolgym report {run_dir}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from toolgym.training.trainer import report_command
+
+    print(f"report: {report_command(args.run_dir)}")
     return 0
 
 
