@@ -30,6 +30,11 @@ ENVIRONMENTS: tuple[EnvEntry, ...] = (
         "toolgym.envs.search_qa:SearchQAEnv",
         "Question answering with search(query, k) and open(doc_id) over a local BM25 index (XQuAD + Wikipedia).",
     ),
+    EnvEntry(
+        "toolgym/ArxivRefs-v0",
+        "toolgym.envs.arxiv_refs:ArxivRefsEnv",
+        "Reconstruct a paper's related-work citations with search_papers/read_paper over a fixed collection (unarXive).",
+    ),
 )
 
 
