@@ -1,0 +1,338 @@
+"""The search index: real data (XQuAD + Wikipedia leads), both backends, cache, corruption, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from importlib import resources
+
+import pytest
+
+from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError
+from toolgym.tools.bm25 import analyze, lucene_length
+from toolgym.tools.index import Hit, Index, UnknownDocument, build_command, build_index, load_index
+
+DATA = resources.files("toolgym.envs") / "data" / "search_qa"
+
+
+def _corpus() -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
+    xquad = json.loads((DATA / "xquad.en.json").read_text(encoding="utf-8"))
+    docs: list[dict[str, str]] = []
+    questions: list[tuple[str, str]] = []
+    for article in xquad["data"]:
+        for paragraph in article["paragraphs"]:
+            doc_id = f"xq{len(docs):04d}"
+            docs.append(
+                {"id": doc_id, "title": article["title"].replace("_", " "), "text": paragraph["context"]}
+            )
+            questions.extend((qa["question"], doc_id) for qa in paragraph["qas"])
+    with gzip.open(str(DATA / "wiki_vital_summaries_en.json.gz"), "rt", encoding="utf-8") as fh:
+        wiki = json.load(fh)
+    for i, key in enumerate(sorted(wiki)):
+        docs.append({"id": f"wk{i:05d}", "title": wiki[key]["title"], "text": wiki[key]["extract"]})
+    return docs, questions
+
+
+@pytest.fixture(scope="session")
+def corpus() -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
+    return _corpus()
+
+
+@pytest.fixture(scope="session")
+def default_index(corpus, tmp_path_factory) -> Index:
+    return build_index(corpus[0], path=tmp_path_factory.mktemp("idx") / "default")
+
+
+@pytest.fixture(scope="session")
+def lucene_index(corpus, tmp_path_factory) -> Index:
+    return build_index(corpus[0], backend="pyserini", path=tmp_path_factory.mktemp("idx") / "lucene")
+
+
+@pytest.fixture()
+def small_docs(corpus) -> list[dict[str, str]]:
+    return corpus[0][:300]
+
+
+def _mrr(index: Index, questions: list[tuple[str, str]]) -> float:
+    results = index.search_batch([q for q, _ in questions], k=10)
+    total = 0.0
+    for hits, (_, gold) in zip(results, questions, strict=True):
+        ids = [h.doc_id for h in hits]
+        total += 1.0 / (ids.index(gold) + 1) if gold in ids else 0.0
+    return total / len(questions)
+
+
+# ------------------------------------------------------------------------------------------ analysis
+
+
+def test_analyzer_follows_anserini_default_english() -> None:
+    text = "The cat's hats were running in the U.S. in 1,000 years; possibly biology's 4:51 封神"
+    assert analyze(text) == [
+        "cat",
+        "hat",
+        "were",
+        "run",
+        "u.",
+        "1,000",
+        "year",
+        "possibl",
+        "biologi",
+        "4",
+        "51",
+        "封",
+        "神",
+    ]
+
+
+def test_lucene_norm_quantises_long_documents() -> None:
+    import numpy as np
+
+    lengths = np.array([0, 1, 23, 24, 25, 100, 1000])
+    assert lucene_length(lengths).tolist() == [0, 1, 23, 24, 25, 96, 984]
+
+
+# --------------------------------------------------------------------------------- default backend
+
+
+def test_round_trip_search_get_load(default_index: Index, corpus) -> None:
+    docs, questions = corpus
+    assert len(default_index) == len(docs) == 10_273
+    assert default_index.backend == "default"
+    question, gold = questions[0]
+    hits = default_index.search(question, k=5)
+    assert len(hits) == 5 and all(isinstance(h, Hit) for h in hits)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert hits[0].doc_id == gold
+    assert default_index.get(gold) == next(d for d in docs if d["id"] == gold)
+    assert default_index.get("wk00007") == docs[240 + 7]
+
+    reopened = load_index(default_index.path)
+    assert reopened.search(question, k=5) == hits
+    assert reopened.get(gold) == default_index.get(gold)
+
+
+def test_default_backend_finds_gold_paragraphs(default_index: Index, corpus) -> None:
+    # BM25 over these paragraphs ranks the gold paragraph first for most XQuAD questions.
+    assert _mrr(default_index, corpus[1]) > 0.85
+
+
+def test_batch_search_with_threads_equals_single_search(default_index: Index, corpus) -> None:
+    queries = [q for q, _ in corpus[1][:200]]
+    assert default_index.search_batch(queries, k=10, threads=2) == [
+        default_index.search(q, k=10) for q in queries
+    ]
+
+
+def test_query_with_no_known_word_returns_nothing(default_index: Index) -> None:
+    assert default_index.search("zzzqqqxx the of", k=10) == []
+
+
+def test_repeated_query_word_counts_twice(default_index: Index) -> None:
+    once = default_index.search("Tesla", k=3)
+    twice = default_index.search("Tesla Tesla", k=3)
+    assert once and [h.doc_id for h in once] == [h.doc_id for h in twice]
+    assert twice[0].score == pytest.approx(2 * once[0].score, abs=2e-4)
+
+
+# ------------------------------------------------------------------------------------------- cache
+
+
+def test_cache_hit_reuses_the_index(small_docs, tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("TOOLGYM_CACHE", str(tmp_path))
+    first = build_index(small_docs)
+    assert first.path.parent == tmp_path / "index"
+    stamp = (first.path / "manifest.json").stat().st_mtime_ns
+    with caplog.at_level(logging.INFO, logger="toolgym.tools.index"):
+        second = build_index(small_docs)
+    assert second.path == first.path
+    assert (second.path / "manifest.json").stat().st_mtime_ns == stamp
+    assert "cache hit" in caplog.text
+    changed = [dict(small_docs[0], text=small_docs[0]["text"] + " extra"), *small_docs[1:]]
+    assert build_index(changed).path != first.path
+
+
+def test_truncated_index_is_rebuilt_with_a_warning(small_docs, tmp_path, caplog) -> None:
+    index = build_index(small_docs, path=tmp_path / "ix")
+    expected = index.search("Super Bowl", k=5)
+    weights = tmp_path / "ix" / "bm25_weights.npy"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as fh:
+        fh.truncate(size // 2)
+    with caplog.at_level(logging.WARNING, logger="toolgym.tools.index"):
+        rebuilt = build_index(small_docs, path=tmp_path / "ix")
+    assert "corrupt" in caplog.text and "rebuilding" in caplog.text
+    assert weights.stat().st_size == size
+    assert rebuilt.search("Super Bowl", k=5) == expected
+
+
+def test_load_index_on_truncated_file_raises_backend_error(small_docs, tmp_path) -> None:
+    build_index(small_docs, path=tmp_path / "ix")
+    with open(tmp_path / "ix" / "docs.bin", "r+b") as fh:
+        fh.truncate(10)
+    with pytest.raises(BackendError, match=r"corrupt: docs.bin has 10 bytes") as info:
+        load_index(tmp_path / "ix")
+    assert str(tmp_path / "ix") in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_load_index_on_altered_file_fails_checksum(small_docs, tmp_path) -> None:
+    build_index(small_docs, path=tmp_path / "ix")
+    store = tmp_path / "ix" / "docs.bin"
+    data = bytearray(store.read_bytes())
+    data[5] ^= 0x20
+    store.write_bytes(bytes(data))
+    with pytest.raises(BackendError, match="docs.bin fails its checksum"):
+        load_index(tmp_path / "ix")
+
+
+def test_unfinished_build_is_never_loaded(small_docs, tmp_path) -> None:
+    build_index(small_docs, path=tmp_path / "ix")
+    (tmp_path / "ix" / "manifest.json").unlink()
+    with pytest.raises(BackendError, match="build never finished"):
+        load_index(tmp_path / "ix")
+    with pytest.raises(BackendError, match="no index at"):
+        load_index(tmp_path / "missing")
+
+
+def test_refuses_to_overwrite_a_foreign_directory(small_docs, tmp_path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not a toolgym index"):
+        build_index(small_docs, path=tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_build_command_indexes_a_jsonl_file(small_docs, tmp_path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in small_docs[:50]) + "\n", encoding="utf-8")
+    path = build_command(corpus, "default", tmp_path / "out")
+    assert path == tmp_path / "out"
+    assert load_index(path).get(small_docs[3]["id"]) == small_docs[3]
+
+
+# -------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("query", ["", "   \n"])
+def test_empty_query_is_a_tool_call_error(default_index: Index, query: str) -> None:
+    with pytest.raises(ToolCallError, match="empty query"):
+        default_index.search(query)
+
+
+@pytest.mark.parametrize("k", [0, -1, 1001, True, 2.5, "3"])
+def test_k_out_of_range_is_a_tool_call_error(default_index: Index, k) -> None:
+    with pytest.raises(ToolCallError, match=r"k must be an integer from 1 to 1000"):
+        default_index.search("Super Bowl", k=k)
+
+
+def test_unknown_document_id(default_index: Index) -> None:
+    with pytest.raises(UnknownDocument) as info:
+        default_index.get("xq9999")
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ToolgymError)
+    assert str(info.value) == "no document with id 'xq9999'"
+
+
+def test_unknown_backend_suggests_the_closest(small_docs) -> None:
+    with pytest.raises(ConfigError, match=r"unknown search backend 'pyserin'.*Did you mean 'pyserini'\?"):
+        build_index(small_docs, backend="pyserin")
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (
+            ['{"id": "a", "title": "t", "text": "x"}', '{"id": "b", "title": "t"'],
+            r"corpus.jsonl:2: not valid JSON",
+        ),
+        (
+            ['{"id": "a", "title": "t", "text": "x"}', '{"id": "b", "text": "x"}'],
+            r"corpus.jsonl:2: document lacks 'title'",
+        ),
+        (
+            ['{"id": "a", "title": "t", "text": "x"}', "", '{"id": "a", "title": "u", "text": "y"}'],
+            r"corpus.jsonl:3: duplicate id 'a' \(first used at .*corpus.jsonl:1\)",
+        ),
+        (['["a", "t", "x"]'], r"corpus.jsonl:1: expected a JSON object"),
+        (['{"id": 7, "title": "t", "text": "x"}'], r"corpus.jsonl:1: 'id' must be a string, got int"),
+        (['{"id": " ", "title": "t", "text": "x"}'], r"corpus.jsonl:1: 'id' is empty"),
+    ],
+    ids=["not-json", "missing-key", "duplicate-id", "not-object", "id-not-string", "empty-id"],
+)
+def test_malformed_corpus_names_file_and_line(tmp_path, lines: list[str], message: str) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=message):
+        build_command(corpus, "default", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_or_missing_corpus(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="corpus is empty"):
+        build_index([], path=tmp_path / "ix")
+    with pytest.raises(ConfigError, match="no such corpus file"):
+        build_command(tmp_path / "nope.jsonl", "default", None)
+
+
+def test_documents_given_as_dicts_are_checked(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"document 2: duplicate id 'x'"):
+        build_index(
+            [{"id": "x", "title": "", "text": "a"}, {"id": "x", "title": "", "text": "b"}],
+            path=tmp_path / "i",
+        )
+
+
+# ---------------------------------------------------------------------------------- Lucene backend
+
+
+@pytest.mark.pyserini
+def test_pyserini_round_trip(lucene_index: Index, corpus) -> None:
+    docs, questions = corpus
+    assert lucene_index.backend == "pyserini" and len(lucene_index) == len(docs)
+    question, gold = questions[0]
+    hits = lucene_index.search(question, k=5)
+    assert hits[0].doc_id == gold
+    assert lucene_index.get(gold)["text"] == docs[0]["text"]
+    reopened = load_index(lucene_index.path)
+    assert [h.doc_id for h in reopened.search(question, k=5)] == [h.doc_id for h in hits]
+    with pytest.raises(ToolCallError):
+        lucene_index.search(" ", k=5)
+
+
+@pytest.mark.pyserini
+def test_default_backend_ranks_like_lucene(default_index: Index, lucene_index: Index, corpus) -> None:
+    questions = corpus[1]
+    assert abs(_mrr(default_index, questions) - _mrr(lucene_index, questions)) <= 0.01
+    queries = [q for q, _ in questions]
+    ours = default_index.search_batch(queries, k=10)
+    theirs = lucene_index.search_batch(queries, k=10, threads=2)
+    overlap = [
+        len({h.doc_id for h in a} & {h.doc_id for h in b}) / max(1, len(b))
+        for a, b in zip(ours, theirs, strict=True)
+    ]
+    assert sum(overlap) / len(overlap) >= 0.85
+    # Same scores too, up to float32 rounding of Lucene's sums.
+    assert ours[0][0].score == pytest.approx(theirs[0][0].score, abs=2e-3)
+
+
+@pytest.mark.pyserini
+def test_analyzer_agrees_with_lucene_on_the_corpus(corpus) -> None:
+    from toolgym.tools.lucene import jvm
+
+    jvm()
+    from jnius import autoclass
+
+    analyzer = autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
+    utils = autoclass("io.anserini.analysis.AnalyzerUtils")
+    texts = [f"{d['title']}\n{d['text']}" for d in corpus[0]]
+    differ = sum(list(utils.analyze(analyzer, t)) != analyze(t) for t in texts)
+    assert differ / len(texts) < 0.01
+
+
+@pytest.mark.pyserini
+def test_pyserini_corrupt_index_raises(small_docs, tmp_path) -> None:
+    build_index(small_docs, backend="pyserini", path=tmp_path / "lx")
+    segment = next((tmp_path / "lx" / "lucene").glob("*.tim"))
+    with open(segment, "r+b") as fh:
+        fh.truncate(3)
+    with pytest.raises(BackendError, match=r"corrupt: lucene/.*\.tim has 3 bytes"):
+        load_index(tmp_path / "lx")

@@ -1,0 +1,515 @@
+"""Search indexes over a document collection: build once, cache on disk, open in milliseconds.
+
+Two backends rank with the same BM25 (Lucene's, as Anserini configures it) over the same input — each
+document's title, a newline, then its text:
+
+* ``default`` — :mod:`toolgym.tools.bm25`, in-process numpy, no server and no Java; the base install.
+* ``pyserini`` — Lucene itself via :mod:`toolgym.tools.lucene` (extra ``toolgym[pyserini]``); the
+  reference the default backend is measured against.
+
+On-disk layout (one directory per index)::
+
+    manifest.json        format, backend, cache key, corpus hash, settings, size and sha256 of every file
+    docs_ids.json        external ids in internal order
+    docs.bin             UTF-8 titles and texts, back to back; docs_offsets.npy says where each starts
+    bm25_*.npy / lucene/ the backend's own files
+
+An index is written to a temporary sibling directory and renamed into place only when complete, so a
+killed build leaves no half-index under the real name. Opening verifies every file against the
+manifest: a truncated or altered index is never used silently. :func:`build_index` then logs a warning
+and rebuilds it (it has the corpus); :func:`load_index` raises :class:`~toolgym.errors.BackendError`
+saying how to fix it.
+
+Cache directory: ``$TOOLGYM_CACHE/index`` if ``TOOLGYM_CACHE`` is set, else ``~/.cache/toolgym/index``;
+the directory name is the backend plus a hash of the corpus content and the ranking settings, so the
+same corpus is indexed once and any change to it builds a new index.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError, did_you_mean
+
+__all__ = [
+    "BACKENDS",
+    "MAX_K",
+    "Hit",
+    "Index",
+    "UnknownDocument",
+    "build_command",
+    "build_index",
+    "cache_dir",
+    "load_index",
+]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("default", "pyserini")
+#: Largest ``k`` a search accepts: deeper lists are a mistake in an agent's call, not a need.
+MAX_K = 1000
+FORMAT = 1
+_MANIFEST = "manifest.json"
+_DOC_FILES = ("docs_ids.json", "docs.bin", "docs_offsets.npy")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: the document's id and its BM25 score (higher is better)."""
+
+    doc_id: str
+    score: float
+
+
+class UnknownDocument(ToolgymError, KeyError):
+    """``Index.get`` was asked for an id the collection does not hold (the caller's mistake)."""
+
+    def __init__(self, doc_id: str) -> None:
+        super().__init__(f"no document with id {doc_id!r}")
+        self.doc_id = doc_id
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class _Ranker(Protocol):
+    def top_k(self, query: str, k: int) -> list[tuple[Any, float]]: ...
+
+    def top_k_batch(
+        self, queries: Sequence[str], k: int, threads: int = 1
+    ) -> list[list[tuple[Any, float]]]: ...
+
+
+def cache_dir() -> Path:
+    """Where cached indexes live (``$TOOLGYM_CACHE/index`` or ``~/.cache/toolgym/index``)."""
+    root = os.environ.get("TOOLGYM_CACHE")
+    return Path(root) / "index" if root else Path.home() / ".cache" / "toolgym" / "index"
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ConfigError(
+            f"unknown search backend {backend!r}; expected one of {', '.join(BACKENDS)}."
+            + did_you_mean(str(backend), BACKENDS)
+        )
+
+
+def _settings(backend: str) -> dict[str, Any]:
+    from toolgym.tools.bm25 import BM25Settings
+
+    settings = asdict(BM25Settings())
+    if backend == "pyserini":
+        settings = {"k1": 0.9, "b": 0.4, "engine": "anserini SimpleIndexer/SimpleSearcher"}
+    return {"contents": "title + newline + text", **settings}
+
+
+# ---------------------------------------------------------------------------------------------- corpus
+
+
+def _validate(records: Iterable[tuple[str, Any]]) -> tuple[list[str], list[str], list[str]]:
+    """Check every record and split the collection into ids, titles and texts.
+
+    ``records`` pairs each document with a label for messages (``file:line`` or ``document N``).
+    """
+    ids: list[str] = []
+    titles: list[str] = []
+    texts: list[str] = []
+    first_seen: dict[str, str] = {}
+    for label, doc in records:
+        if not isinstance(doc, dict):
+            raise ConfigError(
+                f"{label}: expected a JSON object with id, title and text, got {type(doc).__name__}"
+            )
+        missing = [key for key in ("id", "title", "text") if key not in doc]
+        if missing:
+            raise ConfigError(
+                f"{label}: document lacks {', '.join(map(repr, missing))} (each needs id, title, text)"
+            )
+        for key in ("id", "title", "text"):
+            if not isinstance(doc[key], str):
+                raise ConfigError(f"{label}: {key!r} must be a string, got {type(doc[key]).__name__}")
+        doc_id = doc["id"]
+        if not doc_id.strip():
+            raise ConfigError(f"{label}: 'id' is empty; every document needs a unique non-empty id")
+        if doc_id in first_seen:
+            raise ConfigError(
+                f"{label}: duplicate id {doc_id!r} (first used at {first_seen[doc_id]}); ids must be unique"
+            )
+        first_seen[doc_id] = label
+        ids.append(doc_id)
+        titles.append(doc["title"])
+        texts.append(doc["text"])
+    if not ids:
+        raise ConfigError("the corpus is empty; an index needs at least one document")
+    return ids, titles, texts
+
+
+def _read_corpus(path: Path) -> Iterator[tuple[str, Any]]:
+    """Yield (``file:line``, parsed JSON) for each non-blank line of a JSONL (or .jsonl.gz) file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such corpus file (expected JSONL with id, title, text per line)")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(
+                        f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
+                    ) from None
+                yield f"{path}:{lineno}", record
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except (OSError, EOFError) as exc:
+        raise ConfigError(f"{path}: cannot read the corpus ({exc})") from None
+
+
+def _corpus_hash(ids: Sequence[str], titles: Sequence[str], texts: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for row in zip(ids, titles, texts, strict=True):
+        digest.update(json.dumps(row, ensure_ascii=False).encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+# -------------------------------------------------------------------------------------------- manifest
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _file_table(root: Path) -> dict[str, dict[str, Any]]:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != _MANIFEST)
+    return {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+
+
+def _fix_hint(path: Path) -> str:
+    return (
+        f"Fix: delete {path} and build it again (build_index(docs, ...) or "
+        "`toolgym index build --corpus FILE.jsonl`)"
+    )
+
+
+def _read_manifest(path: Path, *, verify: bool = True) -> dict[str, Any]:
+    """Return the manifest of the index at ``path`` after checking every file against it.
+
+    Raises:
+        BackendError: the directory is missing, incomplete, altered or from another format version.
+    """
+    if not path.is_dir():
+        raise BackendError(f"no index at {path} (not a directory). {_fix_hint(path)}")
+    try:
+        manifest = json.loads((path / _MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+        fmt = manifest["format"]
+    except FileNotFoundError:
+        raise BackendError(
+            f"the index at {path} has no {_MANIFEST}: its build never finished. {_fix_hint(path)}"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BackendError(
+            f"the index manifest {path / _MANIFEST} is unreadable ({exc}). {_fix_hint(path)}"
+        ) from None
+    if fmt != FORMAT:
+        raise BackendError(
+            f"the index at {path} has format {fmt!r}, this toolgym reads {FORMAT}. {_fix_hint(path)}"
+        )
+    for name, meta in files.items():
+        file = path / name
+        try:
+            size = file.stat().st_size
+        except OSError:
+            raise BackendError(f"the index at {path} lacks {name}. {_fix_hint(path)}") from None
+        if size != meta["size"]:
+            raise BackendError(
+                f"the index at {path} is corrupt: {name} has {size} bytes, the manifest says {meta['size']}. "
+                + _fix_hint(path)
+            )
+        if verify and _sha256(file) != meta["sha256"]:
+            raise BackendError(
+                f"the index at {path} is corrupt: {name} fails its checksum. {_fix_hint(path)}"
+            )
+    return manifest
+
+
+# ----------------------------------------------------------------------------------------------- index
+
+
+class Index:
+    """A searchable, read-only document collection. Build with :func:`build_index`, reopen with :func:`load_index`.
+
+    Thread-safe for concurrent ``search``/``get`` calls.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        self._path = path
+        self._backend: str = manifest["backend"]
+        self._n_docs: int = manifest["n_docs"]
+        try:
+            self._ids: list[str] = json.loads((path / _DOC_FILES[0]).read_text(encoding="utf-8"))
+            self._offsets = np.load(path / _DOC_FILES[2], mmap_mode="r")
+            self._store = (
+                np.memmap(path / _DOC_FILES[1], dtype=np.uint8, mode="r") if self._offsets[-1] else None
+            )
+        except (OSError, ValueError) as exc:
+            raise BackendError(
+                f"cannot read the document store of {path} ({exc}). {_fix_hint(path)}"
+            ) from None
+        self._positions: dict[str, int] | None = None
+        self._ranker: _Ranker
+        if self._backend == "default":
+            from toolgym.tools.bm25 import NumpyBM25
+
+            self._ranker = NumpyBM25(path, self._n_docs)
+        else:
+            from toolgym.tools.lucene import LuceneBM25
+
+            self._ranker = LuceneBM25(path / "lucene")
+
+    @property
+    def path(self) -> Path:
+        """The index directory."""
+        return self._path
+
+    @property
+    def backend(self) -> str:
+        """``"default"`` or ``"pyserini"``."""
+        return self._backend
+
+    def __len__(self) -> int:
+        return self._n_docs
+
+    def __repr__(self) -> str:
+        return f"Index(backend={self._backend!r}, docs={self._n_docs}, path={str(self._path)!r})"
+
+    @staticmethod
+    def _check(query: str, k: int) -> None:
+        if not isinstance(query, str) or not query.strip():
+            raise ToolCallError("empty query: pass some words to search for")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise ToolCallError(f"k must be an integer from 1 to {MAX_K}, got {k!r}")
+
+    def _hits(self, found: list[tuple[Any, float]], k: int) -> list[Hit]:
+        if self._backend != "default":
+            return [Hit(doc_id, score) for doc_id, score in found[:k]]
+        # Anserini reports scores rounded to 4 decimals and breaks ties by document id; do the same.
+        ranked = sorted(((-round(score, 4), self._ids[i]) for i, score in found))
+        return [Hit(doc_id, float(np.float32(-neg))) for neg, doc_id in ranked[:k]]
+
+    def search(self, query: str, k: int = 10) -> list[Hit]:
+        """The ``k`` best documents for ``query`` by BM25, best first (fewer if fewer match).
+
+        Raises:
+            ToolCallError: the query is empty or ``k`` is outside 1..``MAX_K``.
+        """
+        self._check(query, k)
+        return self._hits(self._ranker.top_k(query, k), k)
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, threads: int = 1) -> list[list[Hit]]:
+        """:meth:`search` for many queries at once, over ``threads`` threads; results in query order."""
+        for query in queries:
+            self._check(query, k)
+        return [self._hits(found, k) for found in self._ranker.top_k_batch(list(queries), k, threads)]
+
+    def get(self, doc_id: str) -> dict[str, str]:
+        """The stored document ``{"id", "title", "text"}``.
+
+        Raises:
+            UnknownDocument: no document has this id.
+        """
+        if self._positions is None:
+            self._positions = {d: i for i, d in enumerate(self._ids)}
+        pos = self._positions.get(doc_id) if isinstance(doc_id, str) else None
+        if pos is None:
+            raise UnknownDocument(doc_id)
+        start, mid, end = (int(x) for x in self._offsets[2 * pos : 2 * pos + 3])
+        raw = self._store[start:end].tobytes() if self._store is not None else b""
+        return {
+            "id": doc_id,
+            "title": raw[: mid - start].decode("utf-8"),
+            "text": raw[mid - start :].decode("utf-8"),
+        }
+
+    def close(self) -> None:
+        """Release backend resources (the Lucene reader); the object is unusable afterwards."""
+        close = getattr(self._ranker, "close", None)
+        if close is not None:
+            close()
+
+
+# ----------------------------------------------------------------------------------------------- build
+
+
+def _progress(total: int, label: str) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    return progress, progress.add_task(label, total=total)
+
+
+def _write(
+    tmp: Path, backend: str, key: str, corpus_sha: str, ids: list[str], titles: list[str], texts: list[str]
+) -> dict[str, Any]:
+    (tmp / _DOC_FILES[0]).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
+    offsets = np.zeros(2 * len(ids) + 1, dtype=np.int64)
+    pos = 0
+    with open(tmp / _DOC_FILES[1], "wb") as fh:
+        for i, (title, text) in enumerate(zip(titles, texts, strict=True)):
+            for j, part in enumerate((title, text)):
+                data = part.encode("utf-8")
+                fh.write(data)
+                pos += len(data)
+                offsets[2 * i + j + 1] = pos
+    np.save(tmp / _DOC_FILES[2], offsets)
+
+    contents = (f"{title}\n{text}" for title, text in zip(titles, texts, strict=True))
+    progress, task = _progress(len(ids), f"indexing {len(ids):,} documents ({backend})")
+    advance: Callable[[int], None] = lambda n: progress.advance(task, n)  # noqa: E731
+    with progress:
+        if backend == "default":
+            from toolgym.tools.bm25 import BM25Settings, build_bm25
+
+            build_bm25(contents, tmp, BM25Settings(), advance=advance)
+        else:
+            from toolgym.tools.lucene import build_lucene
+
+            build_lucene(ids, contents, tmp / "lucene", advance=advance)
+    manifest = {
+        "format": FORMAT,
+        "backend": backend,
+        "key": key,
+        "corpus_sha256": corpus_sha,
+        "settings": _settings(backend),
+        "n_docs": len(ids),
+        "files": _file_table(tmp),
+    }
+    (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    return manifest
+
+
+def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | None) -> Index:
+    _check_backend(backend)
+    ids, titles, texts = _validate(records)
+    corpus_sha = _corpus_hash(ids, titles, texts)
+    key_src = json.dumps(
+        {"format": FORMAT, "backend": backend, "settings": _settings(backend), "corpus": corpus_sha}
+    )
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
+    target = Path(path) if path is not None else cache_dir() / f"{backend}-{key}"
+
+    if target.exists():
+        try:
+            manifest = _read_manifest(target)
+        except BackendError as exc:
+            ours = (target / _MANIFEST).exists() or any((target / n).exists() for n in _DOC_FILES)
+            if not target.is_dir() or (any(target.iterdir()) and not ours):
+                raise ConfigError(
+                    f"{target} exists and is not a toolgym index; refusing to overwrite it. "
+                    "Fix: pass another path, or remove the directory"
+                ) from None
+            log.warning("%s -- rebuilding it from the corpus", exc)
+        else:
+            if manifest.get("key") == key:
+                log.info("search index cache hit: %s", target)
+                return Index(target, manifest)
+            log.warning("the index at %s was built from another corpus or settings; rebuilding it", target)
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        manifest = _write(tmp, backend, key, corpus_sha, ids, titles, texts)
+        old = None
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+            target.rename(old)
+        try:
+            tmp.rename(target)
+        except OSError:
+            # Another process finished the same build first: use its index if it is sound.
+            if (target / _MANIFEST).exists() and _read_manifest(target).get("key") == key:
+                log.info("another process built %s first; using it", target)
+                return Index(target, _read_manifest(target, verify=False))
+            raise
+        finally:
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built %s search index of %d documents at %s", backend, len(ids), target)
+    return Index(target, manifest)
+
+
+def build_index(
+    docs: Iterable[dict[str, Any]], *, backend: str = "default", path: str | Path | None = None
+) -> Index:
+    """Index ``docs`` (or reuse the cached index of the identical corpus) and return it open.
+
+    Args:
+        docs: ``{"id", "title", "text"}`` dicts; ids unique and non-empty.
+        backend: ``"default"`` (in-process numpy BM25) or ``"pyserini"`` (Lucene, extra ``toolgym[pyserini]``).
+        path: Where to keep the index; defaults to the cache directory, keyed by corpus and settings.
+
+    Raises:
+        ConfigError: unknown backend, a malformed document, duplicate ids, an empty corpus, or ``path``
+            holding something that is not an index.
+        MissingDependencyError: ``backend="pyserini"`` without its extra.
+    """
+    return _build(((f"document {i}", doc) for i, doc in enumerate(docs, 1)), backend, path)
+
+
+def load_index(path: str | Path) -> Index:
+    """Open an index directory written by :func:`build_index` after verifying every file.
+
+    Raises:
+        BackendError: the directory is missing, incomplete or corrupt (the message says how to fix it).
+    """
+    path = Path(path)
+    return Index(path, _read_manifest(path))
+
+
+def build_command(corpus: Path, backend: str, out: Path | None) -> Path:
+    """Body of ``toolgym index build``: index a JSONL corpus and return the index directory.
+
+    Args:
+        corpus: JSONL (optionally gzipped), one ``{"id", "title", "text"}`` object per line.
+        backend: A name from :data:`BACKENDS`.
+        out: Index directory; ``None`` uses the cache directory.
+
+    Raises:
+        ConfigError: unreadable corpus, or a malformed line (the message names ``file:line``).
+    """
+    _check_backend(backend)
+    index = _build(_read_corpus(Path(corpus)), backend, out)
+    path = index.path
+    index.close()
+    return path
