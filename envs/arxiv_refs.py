@@ -567,3 +567,8 @@ class BM25BaselinePolicy:
 
     async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
         return self.chat.complete(self.rule(self.chat.tokenizer.decode(token_ids)), sampling)
+
+
+def baseline_rule() -> BM25BaselineRule:
+    """The model-free baseline of ``toolgym eval --policy scripted``: BM25 per placeholder, then submit."""
+    return BM25BaselineRule(2)

@@ -23,7 +23,7 @@ import json
 import re
 import string
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from toolgym.core import FunctionTool, Message, Score, Task, Tool
 from toolgym.data import read_jsonl
 from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError, ToolCallError, did_you_mean
+from toolgym.parsing import format_tool_call
 
 __all__ = [
     "ExactMatchVerifier",
@@ -287,3 +288,21 @@ class SearchQAEnv(ToolEnv):
                 terminal=True,
             ),
         ]
+
+
+def baseline_rule() -> Callable[[str], str]:
+    """The model-free baseline of ``toolgym eval --policy scripted``: a rule over the transcript.
+
+    It searches the question's words, then answers with the title of the top hit: a weak, honest floor.
+    """
+
+    def rule(transcript: str) -> str:
+        if "<tool_response>" not in transcript:
+            match = re.search(r"Question: (.*)", transcript)
+            return format_tool_call(
+                "search", {"query": match.group(1) if match else transcript[-200:], "k": 1}
+            )
+        hit = re.search(r"<tool_response>\n\[[^\]]+\] ([^:\n]+):", transcript)
+        return format_tool_call("answer", {"answer": hit.group(1) if hit else "unknown"})
+
+    return rule

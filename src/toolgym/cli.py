@@ -18,7 +18,7 @@ from typing import Any
 
 from toolgym.errors import ConfigError, ToolgymError, did_you_mean
 
-POLICIES = ("smollm2", "scripted", "hf")
+POLICIES = ("smollm2", "scripted", "bm25", "hf")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,10 +180,13 @@ def _env_kwargs(pairs: list[str]) -> dict[str, Any]:
 
 
 def _policy_factory(name: str, env_id: str, seed: int) -> Any:
-    if name == "scripted":
-        from toolgym.agents.baselines import baseline_policy
+    if name in ("scripted", "bm25"):
+        from toolgym.agents.policy import RulePolicy
 
-        return lambda: baseline_policy(env_id)
+        rule_factory = _env_attribute(env_id, "baseline_rule")
+        if rule_factory is None:
+            raise ConfigError(f"{env_id} has no scripted baseline (its module defines no baseline_rule())")
+        return lambda: RulePolicy(rule_factory(), name=f"scripted:{env_id}")
     if name == "smollm2" or name.startswith("hf:"):
         from toolgym.agents.hf_policy import HFPolicy
 
@@ -192,6 +195,18 @@ def _policy_factory(name: str, env_id: str, seed: int) -> Any:
     raise ConfigError(
         f"unknown policy {name!r}.{did_you_mean(name, POLICIES)} Choose smollm2, scripted, or hf:PATH"
     )
+
+
+def _env_attribute(env_id: str, attribute: str) -> Any:
+    """An attribute of the module that defines a registered environment (e.g. its baseline rule)."""
+    import importlib
+
+    import gymnasium
+
+    entry_point = gymnasium.spec(env_id).entry_point
+    if not isinstance(entry_point, str):
+        return getattr(importlib.import_module(entry_point.__module__), attribute, None)
+    return getattr(importlib.import_module(entry_point.split(":")[0]), attribute, None)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

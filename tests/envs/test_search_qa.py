@@ -9,13 +9,13 @@ import gymnasium
 import pytest
 
 import toolgym  # noqa: F401
-from toolgym.agents.baselines import baseline_policy
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.policy import RulePolicy, ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Task
 from toolgym.envs.search_qa import (
     ExactMatchVerifier,
+    baseline_rule,
     default_corpus,
     default_questions,
     f1_score,
@@ -193,7 +193,7 @@ def test_search_baseline_runs_and_is_weak_but_real():
     for i, task in enumerate(default_questions()[:20]):
         trajectory = asyncio.run(
             run_episode(
-                env, baseline_policy(ENV_ID), get_harness("bare"), seed=i, options={"task_id": task.id}
+                env, RulePolicy(baseline_rule()), get_harness("bare"), seed=i, options={"task_id": task.id}
             )
         )
         assert trajectory.status == "ok" and trajectory.metrics["tool/search/calls"] == 1.0
