@@ -100,6 +100,7 @@ async def evaluate(
     seed: int = 0,
     concurrency: int = 8,
     sampling: SamplingParams | None = None,
+    max_total_tokens: int = 8192,
     out_dir: str | Path | None = None,
     env_kwargs: dict[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -139,6 +140,7 @@ async def evaluate(
                     seed=seed + i,
                     options={"task_id": task_id},
                     sampling=sampling,
+                    max_total_tokens=max_total_tokens,
                     env_id=env_id,
                 )
             finally:

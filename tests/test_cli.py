@@ -67,6 +67,27 @@ def test_eval_scripted_prints_the_paired_table(tmp_path):
     assert [t["seed"] for t in bare] == [t["seed"] for t in scaffold] == list(range(3, 15))
 
 
+def test_eval_scripted_bm25_baseline_on_arxiv_refs(tmp_path):
+    out = toolgym(
+        "eval",
+        "--env",
+        "toolgym/ArxivRefs-v0",
+        "--policy",
+        "scripted",
+        "--n",
+        "10",
+        "--harness",
+        "bare",
+        "--out",
+        str(tmp_path),
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (track,) = summary["tracks"]
+    assert track["infra_errors"] == 0 and track["tool_calls"] > 1
+    assert 0.0 < track["metrics"]["reward/f1"] < 1.0
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

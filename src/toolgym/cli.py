@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=96, help="tokens per assistant turn")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument(
+        "--max-total-tokens", type=int, default=8192, help="token budget of a whole episode (context)"
+    )
+    p.add_argument(
         "--env-arg",
         action="append",
         default=[],
@@ -227,6 +230,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise ConfigError(f"n must be >= 1, got {args.n}")
     factory = _policy_factory(args.policy, args.env, args.seed)
+    model_free = args.policy in ("scripted", "bm25")
     console = Console(stderr=True)
     with Progress(
         "[progress.description]{task.description}",
@@ -249,9 +253,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 n=args.n,
                 seed=args.seed,
                 concurrency=args.concurrency,
+                # model-free policies write whole turns (a long submit list) in byte tokens: no caps
                 sampling=SamplingParams(
-                    max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
+                    max_tokens=args.max_tokens if not model_free else 1 << 20,
+                    temperature=args.temperature,
+                    seed=args.seed,
                 ),
+                max_total_tokens=args.max_total_tokens if not model_free else 1 << 30,
                 out_dir=args.out,
                 env_kwargs=_env_kwargs(args.env_arg),
                 progress=progress,
@@ -281,7 +289,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"{t.seconds:.1f}",
             str(t.infra_errors),
         )
-    Console().print(table)
+    Console(width=140).print(table)
     base = report.tracks[0].harness
     for name, (diff, low, high) in report.paired.items():
         print(
