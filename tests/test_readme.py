@@ -30,3 +30,10 @@ def test_main_job_command_parses_and_uses_the_embedded_defaults():
     assert argv[0] == "toolgym"
     args = _parser().parse_args(argv[1:])
     assert args.func is not None
+
+
+def test_environments_md_has_one_section_per_registered_id():
+    import toolgym
+
+    sections = re.findall(r"^## (toolgym/\S+)$", (ROOT / "environments.md").read_text(), re.MULTILINE)
+    assert sorted(sections) == sorted(toolgym.env_ids())
