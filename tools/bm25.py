@@ -27,7 +27,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -320,6 +320,10 @@ class NumpyBM25:
         self._vocab = {term: i for i, term in enumerate(terms)}
         self._n_docs = n_docs
         self._local = threading.local()
+        self._path = path
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_size = 0
+        self._pool_lock = threading.Lock()
 
     def _scores(self) -> np.ndarray:
         # One zeroed accumulator per thread, restored to zero after each query: no O(N) work per query.
@@ -366,11 +370,57 @@ class NumpyBM25:
         return list(zip(docs.tolist(), values.tolist(), strict=True))
 
     def top_k_batch(self, queries: Sequence[str], k: int, threads: int = 1) -> list[list[tuple[int, float]]]:
-        """:meth:`top_k` over many queries, spread over ``threads`` threads."""
-        if threads <= 1 or len(queries) < 2:
+        """:meth:`top_k` over many queries, on ``threads`` worker processes when that pays off.
+
+        Why processes: numpy's fancy indexing holds the GIL, so threads cannot run two queries at
+        once. The workers (started once per index, by a fork server so a running JVM or thread pool in
+        this process is never forked) memory-map the same files, so they cost no extra copy.
+        """
+        if threads <= 1 or len(queries) < 8 * threads:
             return [self.top_k(q, k) for q in queries]
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            return list(pool.map(lambda q: self.top_k(q, k), queries, chunksize=16))
+        pool = self._workers(threads)
+        size = max(1, len(queries) // (4 * threads))
+        chunks = [list(queries[i : i + size]) for i in range(0, len(queries), size)]
+        results: list[list[tuple[int, float]]] = []
+        for part in pool.map(_search_chunk, chunks, [k] * len(chunks)):
+            results.extend(part)
+        return results
+
+    def _workers(self, threads: int) -> ProcessPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None or self._pool_size != threads:
+                if self._pool is not None:
+                    self._pool.shutdown()
+                import multiprocessing
+
+                self._pool = ProcessPoolExecutor(
+                    max_workers=threads,
+                    mp_context=multiprocessing.get_context("forkserver"),
+                    initializer=_start_worker,
+                    initargs=(str(self._path), self._n_docs),
+                )
+                self._pool_size = threads
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes, if any were started (idempotent)."""
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
+
+
+_WORKER: NumpyBM25 | None = None
+
+
+def _start_worker(path: str, n_docs: int) -> None:
+    global _WORKER
+    _WORKER = NumpyBM25(Path(path), n_docs)
+
+
+def _search_chunk(queries: list[str], k: int) -> list[list[tuple[int, float]]]:
+    assert _WORKER is not None, "worker not initialised"
+    return [_WORKER.top_k(q, k) for q in queries]
 
 
 def idf(n_docs: int, df: int) -> float:
