@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.training.curriculum import CurriculumConfig
-
 from toolgym.errors import ConfigError, did_you_mean
+from toolgym.training.curriculum import CurriculumConfig
 
 __all__ = [
     "EnvConfig",
@@ -126,6 +125,9 @@ class GRPOConfig:
         micro_batch: sequences per forward/backward pass in the learner.
         checkpoint_every: steps between checkpoints (0 = only at the end).
         seed: seeds task order, sampling, the model init (``tiny``) and the curriculum.
+        format_credit: optional shaped credit added to the verifier's reward for the learner only
+            (see :func:`toolgym.training.trainer.shaped_reward`); 0 trains on the verifier's reward alone.
+        answer_tool: name of the environment's terminal tool, for ``format_credit``.
     """
 
     steps: int = 20
@@ -146,6 +148,8 @@ class GRPOConfig:
     micro_batch: int = 4
     checkpoint_every: int = 1
     seed: int = 0
+    format_credit: float = 0.0
+    answer_tool: str = "answer"
 
     def __post_init__(self) -> None:
         for name in ("steps", "tasks_per_step", "group_size", "rollout_workers", "queue_size", "micro_batch"):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import gymnasium
 import numpy as np
-from toolgym.agents.rollout import run_episode
 
+from toolgym.agents.rollout import run_episode
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.registry import register_all

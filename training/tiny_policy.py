@@ -12,12 +12,13 @@ concurrently; that is what makes a resumed run reproduce an uninterrupted one.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 
 import torch
+
 from toolgym.agents.chat import ByteTokenizer
 from toolgym.agents.policy import ChatPolicy
-
 from toolgym.core import Completion, SamplingParams
 
 __all__ = ["TinyPolicy", "tiny_model"]
@@ -62,12 +63,16 @@ class TinyPolicy(ChatPolicy):
         self.model = model if model is not None else tiny_model(hidden=hidden, layers=layers, seed=seed)
         self.eos_token_id = ByteTokenizer.eos_token_id
         self.policy_version = 0
+        self.weights_lock = threading.RLock()
 
     async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
         return await asyncio.to_thread(self.generate_sync, list(token_ids), sampling)
 
-    @torch.no_grad()
     def generate_sync(self, token_ids: list[int], sampling: SamplingParams) -> Completion:
+        with self.weights_lock, torch.no_grad():
+            return self._generate(token_ids, sampling)
+
+    def _generate(self, token_ids: list[int], sampling: SamplingParams) -> Completion:
         version = self.policy_version
         gen = torch.Generator().manual_seed(hash((sampling.seed or 0, len(token_ids))) & 0x7FFF_FFFF)
         ids = torch.tensor([token_ids], dtype=torch.long)

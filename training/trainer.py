@@ -23,13 +23,16 @@ import copy
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+
 from toolgym.agents.harness import get_harness
+from toolgym.core import SamplingParams, Trajectory
 from toolgym.training.advantages import group_advantages
 from toolgym.training.checkpoint import (
     capture_rng,
@@ -42,8 +45,6 @@ from toolgym.training.config import TrainConfig, load_config, to_dict
 from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.loss import check_token_receipt, clipped_pg_loss, k3_kl, token_logprobs
 from toolgym.training.rollouts import Group, GroupSampler, RolloutWorkers, make_env
-
-from toolgym.core import SamplingParams, Trajectory
 
 __all__ = ["Trainer", "build_policy", "train_command"]
 
@@ -72,6 +73,30 @@ def build_policy(config: TrainConfig) -> Any:
     )
 
 
+def shaped_reward(trajectory: Trajectory, format_credit: float, answer_tool: str) -> float:
+    """The reward the learner optimises: the environment's (verifier's) reward plus optional credit.
+
+    With ``format_credit = c > 0`` an episode earns ``c / 2`` for ending through the ``answer_tool``
+    call and ``c / 2`` for at least one successful non-terminal tool call, both only when no turn had a
+    parse error. This is a documented training aid for small models that first need to learn the call
+    format; the trajectory's own ``reward`` stays the verifier's and is what ``reward/mean`` reports.
+    """
+    if format_credit == 0.0 or trajectory.status == "infra_error":
+        return trajectory.reward
+    m = trajectory.metrics
+    if m.get("env/parse_errors", 0.0) > 0:
+        return trajectory.reward
+    answered = m.get(f"tool/{answer_tool}/calls", 0.0) > 0
+    used = any(
+        k.endswith("/calls")
+        and k.startswith("tool/")
+        and k != f"tool/{answer_tool}/calls"
+        and v > m.get(k[: -len("calls")] + "errors", 0.0)
+        for k, v in m.items()
+    )
+    return trajectory.reward + format_credit * (0.5 * answered + 0.5 * used)
+
+
 class Trainer:
     """Owns the policy, optimizer, curriculum and run directory; :meth:`run` is the whole loop."""
 
@@ -82,6 +107,7 @@ class Trainer:
         torch.manual_seed(config.train.seed)
         self.policy = policy if policy is not None else build_policy(config)
         self.model: torch.nn.Module = self.policy.model
+        self._weights_lock = getattr(self.policy, "weights_lock", None) or threading.RLock()
         tc = config.train
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -180,7 +206,9 @@ class Trainer:
                     wait = time.perf_counter() - t0
                     t1 = time.perf_counter()
                     learn = await asyncio.to_thread(self._learn, groups)
-                    self.policy.policy_version += 1  # weight sync: the policy shares self.model
+                    # NOTE (staleness): the gate opens only after the update, so with look-ahead 0
+                    # every group of the next step is sampled by the new weights.
+                    await workers.advance(self.next_group)
                     self.step += 1
                     unlocked = self.curriculum.observe([t for g in groups for t in g.trajectories])
                     metrics = self._metrics(groups, stale, learn, wait, time.perf_counter() - t1)
@@ -214,10 +242,10 @@ class Trainer:
                 pending[group.index] = group
             group = pending.pop(self.next_group)
             self.next_group += 1
-            await workers.advance(self.next_group)
             age = self.policy.policy_version - group.policy_version
             if age > tc.max_off_policy_steps:
                 self.dropped_groups += 1
+                await workers.advance(self.next_group)  # a replacement may start now, at this version
                 continue
             staleness.append(age)
             groups.append(group)
@@ -253,7 +281,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "mismatch_kl": 0.0}
         temperature = self.config.sampling.temperature
-        self.model.train()
         for start in range(0, len(rows), tc.micro_batch):
             chunk = rows[start : start + tc.micro_batch]
             seqs = [t.token_ids for t, _ in chunk]
@@ -284,11 +311,14 @@ class Trainer:
                 sums["mismatch_kl"] += float((k3_kl(behaviour, logp.detach()) * mask).sum()) / max(total, 1)
             for key in ("pg", "kl", "clip_frac", "ratio_mean"):
                 sums[key] += getattr(terms, key)
-        self.model.eval()
         grad_norm = 0.0
-        if rows:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
-            self.optimizer.step()
+        # NOTE (weight sync): the policy samples from this very module; the update and the version bump
+        # happen under its weights lock so that no completion mixes two weight versions.
+        with self._weights_lock:
+            if rows:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
+                self.optimizer.step()
+            self.policy.policy_version += 1
         self.optimizer.zero_grad(set_to_none=True)
         out.update(sums, grad_norm=grad_norm, tokens=total)
         return out
@@ -315,6 +345,10 @@ class Trainer:
             "policy_version": float(self.policy.policy_version),
             "reward/mean": mean,
             "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+            "reward/shaped_mean": sum(
+                shaped_reward(t, self.config.train.format_credit, self.config.train.answer_tool) for t in ok
+            )
+            / max(len(ok), 1),
             "reward/success_rate": sum(r >= self.config.curriculum.success_threshold for r in rewards)
             / len(rewards),
             "loss/pg": learn["pg"],

@@ -6,9 +6,9 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from toolgym.training.config import load_config, to_dict
 
 from toolgym.errors import ConfigError
+from toolgym.training.config import load_config, to_dict
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from toolgym.training.curriculum import CurriculumConfig, ToolCurriculum
 
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
+from toolgym.training.curriculum import CurriculumConfig, ToolCurriculum
 
 STAGES = (("answer",), ("answer", "search"), ("answer", "search", "open"))
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from toolgym.training.advantages import group_advantages
-from toolgym.training.loss import TokenFidelityError, check_token_receipt, clipped_pg_loss, k3_kl
 
 from toolgym.core import Trajectory, sampled_ids_hash
+from toolgym.training.advantages import group_advantages
+from toolgym.training.loss import TokenFidelityError, check_token_receipt, clipped_pg_loss, k3_kl
 
 
 def test_group_advantages_normalised_exact() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from toolgym.training.config import load_config
-from toolgym.training.trainer import Trainer
 
 from toolgym.errors import ConfigError
+from toolgym.training.config import load_config
+from toolgym.training.trainer import Trainer
 
 TINY = [
     "env.id=toy_env:toolgym-test/Letters-v0",
