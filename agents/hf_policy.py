@@ -1,0 +1,393 @@
+"""The transformers policy: token-in/token-out generation with logprobs, micro-batched, CPU or GPU.
+
+``HFPolicy()`` with no argument runs the embedded SmolLM2-135M-Instruct (see
+:mod:`toolgym.agents.models`); ``HFPolicy("path/to/dir")`` runs any local Hugging Face causal LM whose
+vocabulary has the ChatML tokens ``<|im_start|>`` and ``<|im_end|>`` as single special tokens (the
+prompt is rendered by :class:`~toolgym.agents.chat.ChatMLTemplate`, not by the model's own chat
+template, which for SmolLM2 ignores tools).
+
+Decisions recorded here (each is part of the contract):
+
+* **Logprobs** are those of the distribution the token was actually drawn from: the raw logits
+  divided by the temperature, restricted to the top-p nucleus and renormalised. That is the behaviour
+  policy an importance ratio needs. Greedy decoding (``temperature == 0``) draws from a point mass
+  whose logprob is always 0, which carries no information, so for greedy tokens we record the model's
+  own (temperature 1, untruncated) logprob instead.
+* **Ending.** ``finish_reason == "stop"`` when the model samples ``<|im_end|>`` (kept as the last id,
+  removed from ``text``) or when the decoded completion contains one of ``SamplingParams.stop``; for a
+  stop string every sampled id is kept (so the trained tokens are exactly the sampled ones) and
+  ``text`` is the decoded ids, stop string included. ``"length"`` when ``max_tokens`` (capped by the
+  model's context) ran out.
+* **Seeds.** A request's sampling noise comes from its own ``torch.Generator``: ``SamplingParams.seed``
+  when set, else one drawn from the policy ``seed`` and a request counter (so a seeded policy replays
+  the same samples for the same sequence of requests), else fresh entropy. In :meth:`generate_batch`,
+  row ``i`` of a seeded request uses a seed derived from ``(seed, i)``, so a group of identical
+  prompts still gets distinct samples.
+* **Micro-batching.** :meth:`generate` never runs the model on the event loop. Requests go to one
+  worker thread that waits ``batch_wait_s`` for more requests, left-pads up to ``max_batch`` prompts
+  and decodes them together with a KV cache; each row keeps its own sampling parameters. A batch runs
+  to completion before the next one starts (no continuous batching), and each call prefills its whole
+  prompt (no prefix cache): simple, and right for CPU-scale models.
+* **Weight updates.** The worker holds :attr:`HFPolicy.weights_lock` for a whole batch; a trainer that
+  updates ``policy.model`` in place takes the same lock and then increments ``policy_version``, so no
+  completion mixes two weight versions and each reports the version it was sampled with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolgym.agents.chat import IM_END, IM_START
+from toolgym.agents.models import _import_hf, resolve_model_dir
+from toolgym.agents.policy import ChatPolicy
+from toolgym.core import Completion, SamplingParams
+from toolgym.errors import ConfigError
+
+__all__ = ["HFPolicy", "HFTokenizer"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_SEED_MOD = 2**63 - 1
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer seen through :class:`~toolgym.agents.chat.TextTokenizer`.
+
+    ``encode`` adds no BOS/EOS (the chat template writes every special token itself) and maps the
+    ChatML markers to their single ids; ``decode`` keeps special tokens and does no clean-up, so
+    ``decode(encode(text)) == text`` for ordinary text.
+    """
+
+    def __init__(self, hf_tokenizer: Any) -> None:
+        self.hf = hf_tokenizer
+        for marker in (IM_START, IM_END):
+            ids = hf_tokenizer.encode(marker, add_special_tokens=False)
+            if len(ids) != 1:
+                raise ConfigError(
+                    f"the tokenizer encodes {marker!r} as {ids}, not one special token; toolgym's ChatML "
+                    "template needs a model trained on ChatML (SmolLM2, Qwen, Hermes)"
+                )
+        self.im_start_id: int = hf_tokenizer.convert_tokens_to_ids(IM_START)
+        self.eos_token_id: int = hf_tokenizer.convert_tokens_to_ids(IM_END)
+        self.pad_token_id: int = (
+            hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else self.eos_token_id
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def __len__(self) -> int:
+        return len(self.hf)
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    seed: int
+    future: concurrent.futures.Future[Completion] = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class _Row:
+    """Decoding state of one request inside a batch."""
+
+    request: _Request
+    max_tokens: int
+    generator: Any
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+
+
+class HFPolicy(ChatPolicy):
+    """A transformers causal LM as a toolgym :class:`~toolgym.core.Policy` (see the module docstring).
+
+    Args:
+        model: ``None`` for the embedded SmolLM2 (converted and cached on first use), a local Hugging
+            Face model directory, or a ``.gguf`` file.
+        device: torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        threads: when set, ``torch.set_num_threads(threads)`` (process-wide). On small shared CPUs one
+            thread per process is fastest under load.
+        max_batch: most prompts decoded together.
+        seed: base seed for requests whose ``SamplingParams.seed`` is unset.
+        batch_wait_s: how long the worker waits for more requests before starting a batch.
+
+    Attributes:
+        model: the torch module (eval mode). A trainer may update its weights in place (under
+            ``weights_lock``) and then bump ``policy_version``.
+        tokenizer: an :class:`HFTokenizer`.
+        eos_token_id: the id of ``<|im_end|>``, the end of an assistant turn.
+        policy_version: weight updates seen; stamped on every completion.
+        weights_lock: held by the generation worker for the duration of each batch.
+    """
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int | None = None,
+        max_batch: int = 8,
+        seed: int | None = None,
+        batch_wait_s: float = 0.005,
+    ) -> None:
+        torch, transformers = _import_hf("HFPolicy")
+        if dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        if threads is not None:
+            if threads < 1:
+                raise ConfigError(f"threads must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
+        self._torch = torch
+        self.model_dir = resolve_model_dir(model)
+        start = time.perf_counter()
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir)
+        super().__init__(HFTokenizer(hf_tokenizer))
+        try:
+            self.device = torch.device(device)
+        except RuntimeError as exc:
+            raise ConfigError(f"unknown device {device!r} ({exc}); use 'cpu' or 'cuda'") from exc
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=getattr(torch, dtype)
+        )
+        self.model.to(self.device)
+        self.model.eval()
+        logger.info("loaded %s on %s in %.1f s", self.model_dir, self.device, time.perf_counter() - start)
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.policy_version = 0
+        self.max_batch = max_batch
+        self.seed = seed
+        self.batch_wait_s = batch_wait_s
+        self.weights_lock = threading.RLock()
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._counter = 0
+        self._closed = False
+
+    tokenizer: HFTokenizer
+
+    # ----------------------------------------------------------------- public API
+    async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        """Continue ``token_ids``; concurrent calls are decoded together (see the module docstring)."""
+        request = self._submit(token_ids, sampling, self._request_seed(sampling, None))
+        return await asyncio.wrap_future(request.future)
+
+    async def generate_batch(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[Completion]:
+        """Continue several prompts with the same sampling parameters, in one or more batches."""
+        requests = [self._submit(p, sampling, self._request_seed(sampling, i)) for i, p in enumerate(prompts)]
+        return list(await asyncio.gather(*(asyncio.wrap_future(r.future) for r in requests)))
+
+    def close(self) -> None:
+        """Stop the worker thread (pending requests are still served first). Idempotent."""
+        self._closed = True
+        with self._start_lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            self._queue.put(None)
+            worker.join()
+
+    def __enter__(self) -> HFPolicy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- submission
+    def _request_seed(self, sampling: SamplingParams, row: int | None) -> int:
+        self._counter += 1
+        if sampling.seed is not None:
+            return sampling.seed if row is None else _mix(sampling.seed, row)
+        if self.seed is not None:
+            return _mix(self.seed, self._counter)
+        return secrets.randbits(62)
+
+    def _submit(self, token_ids: Sequence[int], sampling: SamplingParams, seed: int) -> _Request:
+        if self._closed:
+            raise ConfigError("this HFPolicy is closed; make a new one")
+        prompt = [int(t) for t in token_ids]
+        _check_sampling(sampling)
+        if not prompt:
+            raise ConfigError("generate() needs at least one prompt token (render the chat first)")
+        vocab = self.model.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ConfigError(f"prompt token ids must lie in [0, {vocab}), got {min(prompt)}..{max(prompt)}")
+        if len(prompt) >= self.max_context:
+            raise ConfigError(
+                f"the prompt has {len(prompt)} tokens but the model's context is {self.max_context}; "
+                "lower the episode's max_total_tokens"
+            )
+        request = _Request(prompt=prompt, sampling=sampling, seed=seed)
+        self._ensure_worker()
+        self._queue.put(request)
+        return request
+
+    def _ensure_worker(self) -> None:
+        with self._start_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="toolgym-hf-generate", daemon=True)
+                self._worker.start()
+
+    # ----------------------------------------------------------------- worker thread
+    def _work(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.batch_wait_s
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            try:
+                completions = self._run_batch(live)
+            except BaseException as exc:  # noqa: BLE001 - delivered to every waiting caller, not swallowed
+                for request in live:
+                    request.future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for request, completion in zip(live, completions, strict=True):
+                request.future.set_result(completion)
+
+    def _run_batch(self, requests: list[_Request]) -> list[Completion]:
+        torch = self._torch
+        rows = []
+        for r in requests:
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(r.seed)
+            rows.append(_Row(r, min(r.sampling.max_tokens, self.max_context - len(r.prompt)), generator))
+        width = max(len(r.prompt) for r in requests)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            # NOTE: left padding, masked out, with positions counted from each row's first real token,
+            # so a row's logits do not depend on the other prompts in its batch.
+            input_ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
+            attention[i, width - len(r.prompt) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
+        with self.weights_lock, torch.no_grad():
+            version = self.policy_version
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True
+            )
+            past = out.past_key_values
+            while True:
+                logits = out.logits[:, -1, :].float().cpu()
+                next_ids = [
+                    self._sample_row(row, logits[i]) if row.finish is None else pad
+                    for i, row in enumerate(rows)
+                ]
+                if all(row.finish is not None for row in rows):
+                    break
+                attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=-1)
+                positions = positions[:, -1:] + 1
+                step = torch.tensor(next_ids, dtype=torch.long, device=self.device)[:, None]
+                out = self.model(
+                    input_ids=step,
+                    attention_mask=attention,
+                    position_ids=positions,
+                    past_key_values=past,
+                    use_cache=True,
+                )
+                past = out.past_key_values
+        return [self._completion(row, version) for row in rows]
+
+    def _sample_row(self, row: _Row, logits: Any) -> int:
+        """Draw one token for ``row`` from its logits, record it, and update the row's finish state."""
+        torch = self._torch
+        sampling = row.request.sampling
+        if sampling.temperature == 0:
+            token = int(torch.argmax(logits))
+            logprob = float(torch.log_softmax(logits, dim=-1)[token])
+        else:
+            logp = torch.log_softmax(logits / sampling.temperature, dim=-1)
+            if sampling.top_p < 1.0:
+                logp = _nucleus(torch, logp, sampling.top_p)
+            token = int(torch.multinomial(logp.exp(), 1, generator=row.generator))
+            logprob = float(logp[token])
+        row.ids.append(token)
+        row.logprobs.append(logprob)
+        if (
+            token == self.eos_token_id
+            or sampling.stop
+            and any(s in self.tokenizer.decode(row.ids) for s in sampling.stop)
+        ):
+            row.finish = "stop"
+        elif len(row.ids) >= row.max_tokens:
+            row.finish = "length"
+        return token
+
+    def _completion(self, row: _Row, version: int) -> Completion:
+        ended_on_eos = row.finish == "stop" and row.ids[-1] == self.eos_token_id
+        text = self.tokenizer.decode(row.ids[:-1] if ended_on_eos else row.ids)
+        return Completion(
+            token_ids=tuple(row.ids),
+            logprobs=tuple(row.logprobs),
+            text=text,
+            finish_reason="stop" if row.finish == "stop" else "length",
+            policy_version=version,
+        )
+
+
+def _nucleus(torch: Any, logp: Any, top_p: float) -> Any:
+    """Keep the smallest set of most likely tokens whose mass reaches ``top_p``; renormalise."""
+    sorted_logp, order = torch.sort(logp, descending=True)
+    mass_before = torch.cumsum(sorted_logp.exp(), dim=-1) - sorted_logp.exp()
+    drop_sorted = mass_before >= top_p  # the first token always stays (mass_before == 0)
+    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+
+
+def _check_sampling(sampling: SamplingParams) -> None:
+    if sampling.max_tokens < 1:
+        raise ConfigError(f"SamplingParams.max_tokens must be >= 1, got {sampling.max_tokens}")
+    if sampling.temperature < 0:
+        raise ConfigError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {sampling.temperature}")
+    if not 0 < sampling.top_p <= 1:
+        raise ConfigError(f"SamplingParams.top_p must be in (0, 1], got {sampling.top_p}")
+    if any(not isinstance(s, str) or not s for s in sampling.stop):
+        raise ConfigError(f"SamplingParams.stop must hold non-empty strings, got {sampling.stop!r}")
+
+
+def _mix(seed: int, index: int) -> int:
+    """A per-request seed from a base seed and an index (splitmix-style; stable across runs)."""
+    x = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (1 << 64)
+    x ^= x >> 31
+    return x % _SEED_MOD
