@@ -1,0 +1,191 @@
+"""``toolgym report RUN_DIR``: one self-contained HTML file with curves and a trajectory viewer.
+
+No network and no JavaScript libraries: plots are inline SVG drawn here, the viewer is plain HTML with
+``<details>`` elements. The viewer shows each sampled episode's messages, tool calls and results, and
+which spans were trained (mask 1, the assistant's sampled tokens) versus context (mask 0).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PLOTS", "mask_runs", "write_report"]
+
+#: (title, metric keys or a prefix ending in "*")
+PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Reward", ("reward/mean", "reward/shaped_mean", "reward/success_rate")),
+    ("Tool calls per episode", ("tool/*",)),
+    ("Response length (sampled tokens)", ("response/tokens_mean",)),
+    ("Staleness (policy versions)", ("staleness/mean", "staleness/max")),
+    ("Curriculum stage", ("curriculum/stage",)),
+    ("Loss", ("loss/pg", "mismatch/kl")),
+)
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+MAX_TRAJECTORIES = 48
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def mask_runs(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """Runs of equal mask values as ``(mask, length)``, in order."""
+    runs: list[tuple[int, int]] = []
+    for m in loss_mask:
+        if runs and runs[-1][0] == m:
+            runs[-1] = (m, runs[-1][1] + 1)
+        else:
+            runs.append((int(m), 1))
+    return runs
+
+
+def _svg_plot(
+    title: str, steps: list[float], series: dict[str, list[float]], width: int = 460, height: int = 220
+) -> str:
+    left, right, top, bottom = 48, 10, 24, 28
+    values = [v for ys in series.values() for v in ys]
+    if not steps or not values:
+        return f'<figure class="plot"><figcaption>{html.escape(title)}</figcaption><p>no data</p></figure>'
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    x0, x1 = min(steps), max(steps)
+    span = (x1 - x0) or 1.0
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / span * (width - left - right)
+
+    def sy(y: float) -> float:
+        return top + (hi - y) / (hi - lo) * (height - top - bottom)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">',
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#888"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>',
+        f'<text x="4" y="{top + 4}" font-size="10">{hi:.3g}</text>',
+        f'<text x="4" y="{height - bottom}" font-size="10">{lo:.3g}</text>',
+        f'<text x="{left}" y="{height - 8}" font-size="10">step {x0:g}</text>',
+        f'<text x="{width - right - 50}" y="{height - 8}" font-size="10">step {x1:g}</text>',
+    ]
+    for i, (name, ys) in enumerate(series.items()):
+        color = COLORS[i % len(COLORS)]
+        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(steps, ys, strict=True))
+        parts.append(
+            f'<polyline class="series" data-key="{html.escape(name)}" fill="none" stroke="{color}" stroke-width="2" points="{points}"/>'
+        )
+        parts.append(
+            f'<text x="{left + 8 + 150 * (i % 3)}" y="{14 + 12 * (i // 3)}" font-size="11" fill="{color}">{html.escape(name)}</text>'
+        )
+    parts.append("</svg>")
+    return f'<figure class="plot"><figcaption>{html.escape(title)}</figcaption>{"".join(parts)}</figure>'
+
+
+def _plots(metrics: list[dict[str, Any]]) -> str:
+    steps = [float(m.get("step", i + 1)) for i, m in enumerate(metrics)]
+    keys = sorted({k for m in metrics for k in m})
+    out = []
+    for title, wanted in PLOTS:
+        names: list[str] = []
+        for key in wanted:
+            names += (
+                [k for k in keys if k.startswith(key[:-1]) and k.endswith("/calls")]
+                if key.endswith("*")
+                else [key]
+                if key in keys
+                else []
+            )
+        series = {name: [float(m.get(name, 0.0)) for m in metrics] for name in names}
+        out.append(_svg_plot(title, steps, series))
+    return "\n".join(out)
+
+
+def _trajectory_html(record: dict[str, Any]) -> str:
+    t = record["trajectory"]
+    runs = [n for m, n in mask_runs(t["loss_mask"]) if m == 1]
+    head = (
+        f"step {record['step']} · task {html.escape(str(t['task_id']))} · reward {t['reward']:.3f} · advantage "
+        f"{record['advantage']:+.3f} · {t['status']} · tools {', '.join(t['allowed_tools'])} · "
+        f"{'trained' if record['trained'] else 'not trained'}"
+    )
+    rows = []
+    sampled = iter(runs)
+    for message in t["messages"]:
+        role = message["role"]
+        if role == "assistant":
+            n = next(sampled, 0)
+            label = (
+                f"assistant · trained, {n} sampled tokens (mask 1)"
+                if record["trained"]
+                else f"assistant · {n} sampled tokens (mask 1, zero advantage)"
+            )
+            cls = "msg trained"
+        else:
+            label = f"{role}{' / ' + message['name'] if 'name' in message else ''} · context (mask 0)"
+            cls = "msg context"
+        rows.append(
+            f'<div class="{cls}"><div class="role">{html.escape(label)}</div><pre>{html.escape(message["content"])}</pre></div>'
+        )
+    return f'<details class="trajectory"><summary>{head}</summary>{"".join(rows)}</details>'
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Render ``run_dir``'s logs into ``report.html`` (or ``out``) and return the file's path."""
+    run_dir = Path(run_dir)
+    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    if not metrics:
+        raise FileNotFoundError(
+            f"{run_dir} has no metrics.jsonl lines: is it a toolgym training run directory?"
+        )
+    records = _read_jsonl(run_dir / "trajectories.jsonl")
+    events = _read_jsonl(run_dir / "curriculum.jsonl")
+    config = (
+        (run_dir / "config.json").read_text(encoding="utf-8") if (run_dir / "config.json").exists() else "{}"
+    )
+    if len(records) > MAX_TRAJECTORIES:  # the first and the last episodes show what changed
+        half = MAX_TRAJECTORIES // 2
+        records = records[:half] + records[-half:]
+    stage_rows = "".join(
+        f"<tr><td>{e.get('step', '')}</td><td>{e['from']} → {e['to']}</td><td>{html.escape(e['signal'])}</td><td>{html.escape(', '.join(e['tools']))}</td></tr>"
+        for e in events
+    )
+    last = metrics[-1]
+    summary = ", ".join(
+        f"{k} = {last[k]:.3f}" for k in ("reward/mean", "reward/shaped_mean", "curriculum/stage") if k in last
+    )
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>toolgym run report: {html.escape(run_dir.name)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
+.plots {{ display: flex; flex-wrap: wrap; gap: 1em; }}
+figure.plot {{ margin: 0; border: 1px solid #ddd; padding: .4em; }}
+figcaption {{ font-weight: 600; }}
+.msg {{ margin: .3em 0 .3em 1em; padding: .2em .5em; border-left: 4px solid #bbb; }}
+.msg.trained {{ border-color: #2ca02c; background: #f1faf1; }}
+.msg.context {{ background: #f7f7f7; }}
+.role {{ font-size: .8em; color: #555; }}
+pre {{ white-space: pre-wrap; margin: .2em 0; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .2em .6em; }}
+</style></head>
+<body>
+<h1>Run {html.escape(run_dir.name)}</h1>
+<p id="summary">{len(metrics)} steps. Last step: {html.escape(summary)}.</p>
+<h2>Curves</h2>
+<div class="plots">{_plots(metrics)}</div>
+<h2>Curriculum</h2>
+<table id="stages"><tr><th>step</th><th>stage</th><th>signal</th><th>tools</th></tr>{stage_rows}</table>
+<h2>Trajectories</h2>
+<p>Green: the assistant's sampled tokens (loss mask 1), trained with the shown advantage. Grey: prompt,
+tool results and harness text (mask 0), never trained.</p>
+<div id="trajectories">{"".join(_trajectory_html(r) for r in records)}</div>
+<h2>Config</h2><pre id="config">{html.escape(config)}</pre>
+</body></html>
+"""
+    path = Path(out) if out is not None else run_dir / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
