@@ -35,6 +35,11 @@ ENVIRONMENTS: tuple[EnvEntry, ...] = (
         "toolgym.envs.arxiv_refs:ArxivRefsEnv",
         "Reconstruct a paper's related-work citations with search_papers/read_paper over a fixed collection (unarXive).",
     ),
+    EnvEntry(
+        "toolgym/CodeExec-v0",
+        "toolgym.envs.code_exec:CodeExecEnv",
+        "Write Python functions (HumanEval/MBPP): python(code) in a Docker sandbox, submit(code) to hidden tests.",
+    ),
 )
 
 
