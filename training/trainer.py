@@ -405,8 +405,13 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     """``toolgym train --config FILE [key=value ...] --out DIR``; resumes if DIR holds a checkpoint."""
     config = load_config(config_path, overrides)
     trainer = Trainer(config, out_dir)
-    trainer.resume()
-    asyncio.run(trainer.run())
+    try:
+        trainer.resume()
+        asyncio.run(trainer.run())
+    finally:
+        close = getattr(trainer.policy, "close", None)
+        if close is not None:
+            close()
     return Path(out_dir)
 
 
