@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.chat import IM_END, IM_START
-from toolgym.agents.models import _import_hf, resolve_model_dir
+from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
 from toolgym.core import Completion, SamplingParams
 from toolgym.errors import ConfigError
@@ -150,7 +150,7 @@ class HFPolicy(ChatPolicy):
         seed: int | None = None,
         batch_wait_s: float = 0.005,
     ) -> None:
-        torch, transformers = _import_hf("HFPolicy")
+        torch, transformers = require_hf("HFPolicy")
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         if max_batch < 1:

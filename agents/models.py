@@ -49,6 +49,7 @@ __all__ = [
     "convert_gguf",
     "file_sha256",
     "model_cache_root",
+    "require_hf",
     "resolve_model_dir",
     "smollm2_gguf_path",
     "smollm2_path",
@@ -113,7 +114,7 @@ def smollm2_path(*, cache_root: str | Path | None = None, show_progress: bool = 
 
     Args:
         cache_root: where converted models live (default :func:`model_cache_root`).
-        show_progress: show a spinner while converting (the first call takes ~40 s on a small CPU).
+        show_progress: show a spinner while converting (the first call takes 20-40 s on a small CPU).
     """
     return _cached_conversion(smollm2_gguf_path(), cache_root=cache_root, show_progress=show_progress)
 
@@ -200,7 +201,9 @@ def _cached_conversion(gguf: Path, *, cache_root: str | Path | None, show_progre
         logger.warning("model cache %s is incomplete or corrupt (%s); rebuilding it", target, problem)
         shutil.rmtree(target, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    logger.info("converting %s to a safetensors cache at %s (once; ~40 s on a small CPU)", gguf.name, target)
+    logger.info(
+        "converting %s to a safetensors cache at %s (once; 20-40 s on a small CPU)", gguf.name, target
+    )
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}-", dir=root))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared like any model dir
@@ -232,7 +235,7 @@ def convert_gguf(gguf: str | Path, out_dir: str | Path, *, show_progress: bool =
     ``save_pretrained`` refuses a model loaded with ``gguf_file=`` (it would re-quantise), so the
     model is rebuilt from its config and the dequantised state dict is loaded into it.
     """
-    torch, transformers = _import_hf("converting a GGUF model")
+    torch, transformers = require_hf("converting a GGUF model")
     try:
         import gguf as _gguf  # noqa: F401  (transformers' GGUF reader needs it)
     except ImportError as exc:
@@ -287,8 +290,8 @@ def _write_manifest(directory: Path, *, source: Path, digest: str) -> None:
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
 
 
-def _import_hf(purpose: str) -> tuple[Any, Any]:
-    """Import torch and transformers, or fail with the extra that provides them."""
+def require_hf(purpose: str) -> tuple[Any, Any]:
+    """Import torch and transformers lazily (they are the ``hf`` extra), or fail naming that extra."""
     try:
         import torch
     except ImportError as exc:
