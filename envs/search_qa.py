@@ -197,6 +197,7 @@ class SearchQAEnv(ToolEnv):
         backend: search backend, ``"default"`` (in-process BM25) or ``"pyserini"`` (Lucene).
         metric: ``"em"`` (default) or ``"f1"`` as the reward; both are logged.
         max_turns: assistant turns before truncation.
+        demonstration: show one worked first turn (a question outside the data) before the task.
     """
 
     description = "Question answering with search(query, k) and open(doc_id) over a local BM25 index."
@@ -209,9 +210,11 @@ class SearchQAEnv(ToolEnv):
         backend: str = "default",
         metric: str = "em",
         max_turns: int = 6,
+        demonstration: bool = True,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
+        self.show_demonstration = demonstration
         self.verifier = ExactMatchVerifier(metric)
         self.tasks = _load_questions(questions) if questions is not None else default_questions()
         if corpus is None:
@@ -223,6 +226,19 @@ class SearchQAEnv(ToolEnv):
 
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
         return self._tool_list
+
+    def demonstration(self, allowed_tools: Sequence[str]) -> list[Message]:
+        """One worked first turn on a question outside the data (turn off with ``demonstration=False``)."""
+        if not self.show_demonstration:
+            return []
+        if "search" in allowed_tools:
+            call = format_tool_call("search", {"query": "author of the play Hamlet", "k": 3})
+        else:
+            call = format_tool_call("answer", {"answer": "William Shakespeare"})
+        return [
+            {"role": "user", "content": PROMPT.format(question="Who wrote the play Hamlet?")},
+            {"role": "assistant", "content": call},
+        ]
 
     def _make_tools(self) -> list[Tool]:
         index = self.index
@@ -302,7 +318,7 @@ def baseline_rule() -> Callable[[str], str]:
             return format_tool_call(
                 "search", {"query": match.group(1) if match else transcript[-200:], "k": 1}
             )
-        hit = re.search(r"<tool_response>\n\[[^\]]+\] ([^:\n]+):", transcript)
+        hit = re.search(r"<tool_response>\n\[[^\]]+\] ([^:\n]+):", transcript.rsplit("Question: ", 1)[-1])
         return format_tool_call("answer", {"answer": hit.group(1) if hit else "unknown"})
 
     return rule

@@ -6,8 +6,9 @@ the assistant's raw text, running calls under their timeouts at the one try/exce
 the model's mistakes into observations, the turn limit (truncation), and the sparse terminal reward.
 
 Episode protocol:
-    * ``reset`` returns two messages: a system message listing the allowed tools as JSON schemas in
-      the default call format, and the task prompt as a user message. ``info["tools"]`` holds the same
+    * ``reset`` returns a system message listing the allowed tools as JSON schemas in the default call
+      format, an optional worked example (:meth:`ToolEnv.demonstration`), and the task prompt as the
+      last (user) message. ``info["tools"]`` holds the same
       schemas as structured data (for OpenAI-style servers).
     * ``step(action)`` takes the assistant's raw text. A call to a *terminal* tool (``answer``,
       ``submit``) ends the episode, and so does an ``<answer>...</answer>`` tag or, by default, a turn
@@ -164,6 +165,15 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
     async def close_episode(self) -> None:
         """Release per-episode resources. Called before each reset and by ``close``; idempotent."""
 
+    def demonstration(self, allowed_tools: Sequence[str]) -> list[Message]:
+        """A worked example shown between the tool list and the task (default: none).
+
+        Small models copy the call format far more reliably from one example turn than from a
+        description (SmolLM2-135M: 0 of 12 well-formed calls without, 7 of 12 with one). Return a
+        ``user`` message and the ``assistant`` turn that answers it, using only ``allowed_tools``.
+        """
+        return []
+
     # ----------------------------------------------------------------- properties
     @property
     def task(self) -> Task:
@@ -205,6 +215,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         schemas = [tool_schema(t) for t in self._tools.values()]
         obs: list[Message] = [
             {"role": "system", "content": tools_system_prompt(schemas)},
+            *self.demonstration(list(self._tools)),
             {"role": "user", "content": self._task.prompt},
         ]
         self._history = copy.deepcopy(obs)

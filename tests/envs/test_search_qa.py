@@ -77,7 +77,7 @@ def test_unknown_metric_says_did_you_mean():
 def test_oracle_episode_scores_one(env):
     task = default_questions()[0]
     obs, info = env.reset(seed=0, options={"task_id": task.id})
-    assert obs[1]["content"] == task.prompt
+    assert obs[-1]["content"] == task.prompt
     assert info["allowed_tools"] == ["search", "open", "answer"]
     obs, reward, terminated, truncated, _ = env.step(call("search", query=task.metadata["question"], k=5))
     assert task.metadata["gold_doc"] in obs[0]["content"]
@@ -86,6 +86,20 @@ def test_oracle_episode_scores_one(env):
     obs, reward, terminated, truncated, info = env.step(call("answer", answer=task.reference[0]))
     assert (reward, terminated, truncated) == (1.0, True, False)
     assert info["metrics"]["reward/em"] == 1.0 and info["metrics"]["tool/search/calls"] == 1.0
+
+
+def test_demonstration_follows_the_allowed_tools():
+    env = gymnasium.make(ENV_ID)
+    obs, _ = env.reset(seed=0)
+    assert [m["role"] for m in obs] == ["system", "user", "assistant", "user"]
+    assert '"name": "search"' in obs[2]["content"] and "Hamlet" in obs[1]["content"]
+    obs, _ = env.reset(seed=0, options={"tools": []})
+    assert obs[2]["content"] == call("answer", answer="William Shakespeare")
+    env.close()
+    plain = gymnasium.make(ENV_ID, demonstration=False)
+    obs, _ = plain.reset(seed=0)
+    assert [m["role"] for m in obs] == ["system", "user"]
+    plain.close()
 
 
 def test_answer_tag_ends_the_episode(env):
