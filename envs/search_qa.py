@@ -314,9 +314,9 @@ def baseline_rule() -> Callable[[str], str]:
 
     def rule(transcript: str) -> str:
         if "<tool_response>" not in transcript:
-            match = re.search(r"Question: (.*)", transcript)
+            questions = re.findall(r"Question: (.*)", transcript)  # the last: a demonstration may precede
             return format_tool_call(
-                "search", {"query": match.group(1) if match else transcript[-200:], "k": 1}
+                "search", {"query": questions[-1] if questions else transcript[-200:], "k": 1}
             )
         hit = re.search(r"<tool_response>\n\[[^\]]+\] ([^:\n]+):", transcript.rsplit("Question: ", 1)[-1])
         return format_tool_call("answer", {"answer": hit.group(1) if hit else "unknown"})

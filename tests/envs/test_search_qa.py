@@ -211,6 +211,7 @@ def test_search_baseline_runs_and_is_weak_but_real():
             )
         )
         assert trajectory.status == "ok" and trajectory.metrics["tool/search/calls"] == 1.0
+        assert task.metadata["question"] in trajectory.messages[4]["content"]
         rewards.append(trajectory.reward)
     env.close()
     assert 0.0 <= sum(rewards) < 20
