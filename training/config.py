@@ -14,6 +14,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -179,9 +180,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     """Read a TOML file (or start from defaults) and apply ``key=value`` overrides."""
     data: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+        path = resolve_config_path(path)
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
@@ -192,6 +191,26 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.steps=3)")
         _set_dotted(data, key.strip().split("."), _parse_value(raw.strip()))
     return _build(TrainConfig, data, "")
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Configs shipped with toolgym, by name (``demo`` -> ``toolgym/training/configs/demo.toml``)."""
+    folder = Path(str(resources.files("toolgym.training") / "configs"))
+    return {p.stem: p for p in sorted(folder.glob("*.toml"))}
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A TOML file path, or the name of a shipped config; unknown names answer "did you mean"."""
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    shipped = shipped_configs()
+    if str(path) in shipped:
+        return shipped[str(path)]
+    raise ConfigError(
+        f"config file not found: {path}.{did_you_mean(str(path), shipped)} "
+        f"Shipped configs: {', '.join(shipped) or 'none'}"
+    )
 
 
 def _parse_value(raw: str) -> Any:

@@ -53,3 +53,11 @@ def test_shipped_demo_config_loads() -> None:
     cfg = load_config(Path(str(demo)))
     assert cfg.env.id == "toolgym/SearchQA-v0"
     assert len(cfg.curriculum.stages) >= 2
+
+
+def test_shipped_config_by_name_and_did_you_mean():
+    from toolgym.training.config import load_config
+
+    assert load_config("demo").env.id == "toolgym/SearchQA-v0"
+    with pytest.raises(ConfigError, match="Did you mean 'demo'"):
+        load_config("dmeo")
