@@ -48,7 +48,6 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -471,10 +470,12 @@ class DockerSandbox:
         self._closed = threading.Event()
         self._wake = threading.Event()
         reap_containers(self.client)
+        self._starting = 0
         self._threads = [
-            threading.Thread(target=self._refill_loop, name="sandbox-pool", daemon=True),
-            threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True),
+            threading.Thread(target=self._refill_loop, name=f"sandbox-pool-{i}", daemon=True)
+            for i in range(min(pool_size, 4))
         ]
+        self._threads.append(threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True))
         for thread in self._threads:
             thread.start()
         atexit.register(self.close)
@@ -613,18 +614,25 @@ class DockerSandbox:
             container.kill()
 
     def _refill_loop(self) -> None:
+        # Several of these run at once: container starts are slow (a few hundred ms) but parallel.
         while not self._closed.is_set():
-            if self._pool.qsize() < self.pool_size:
-                try:
-                    self._pool.put(self._start())
-                except SandboxError as exc:
-                    if self._closed.is_set():
-                        return
-                    log.warning("warm pool: %s", exc)
-                    self._closed.wait(2.0)
+            with self._lock:
+                needed = self._pool.qsize() + self._starting < self.pool_size
+                self._starting += needed
+            if not needed:
+                self._wake.wait(0.5)
+                self._wake.clear()
                 continue
-            self._wake.wait(1.0)
-            self._wake.clear()
+            try:
+                self._pool.put(self._start())
+            except SandboxError as exc:
+                if self._closed.is_set():
+                    return
+                log.warning("warm pool: %s", exc)
+                self._closed.wait(2.0)
+            finally:
+                with self._lock:
+                    self._starting -= 1
 
     def _reap_loop(self) -> None:
         while not self._closed.wait(5.0):
@@ -638,7 +646,6 @@ class DockerSandbox:
         cmd: list[str],
         stdin: bytes,
         timeout: float,
-        on_kill: Callable[[], None] | None = None,
     ) -> ExecResult:
         """Run ``cmd`` in ``box`` feeding ``stdin``; enforce ``timeout`` and the output cap from here."""
         api = self.client.api
@@ -670,8 +677,6 @@ class DockerSandbox:
         if killed:
             # NOTE: the kill comes from this (waiting) thread, never from the reader.
             self._kill(box.container)
-            if on_kill is not None:
-                on_kill()
             if not out.done.wait(30):
                 raise SandboxError(f"sandbox container {box.container.short_id} did not stop after a kill")
         duration = time.monotonic() - start

@@ -17,6 +17,7 @@ from toolgym.core import Task
 from toolgym.envs.code_exec import (
     _CODEC,
     KNOWN_BAD_REFERENCES,
+    SLOW_REFERENCES,
     CodeExecEnv,
     HiddenTestVerifier,
     _extract_code,
@@ -123,7 +124,7 @@ def _score(verifier: HiddenTestVerifier, task_id: str, code: str):
 
 # A deterministic sample: spread over both data sets, with the tasks that stress the harness
 # (100 random inputs, helpers from the prompt, test_setup_code objects, float tolerance).
-SAMPLE = ["HumanEval/0", "HumanEval/32", "HumanEval/38", "HumanEval/53", "HumanEval/81", "HumanEval/163",
+SAMPLE = ["HumanEval/0", "HumanEval/32", "HumanEval/33", "HumanEval/38", "HumanEval/53", "HumanEval/81", "HumanEval/163",
           "MBPP/1", "MBPP/17", "MBPP/367", "MBPP/500", "MBPP/927", "MBPP/974"]  # fmt: skip
 
 
@@ -135,9 +136,15 @@ def test_reference_solutions_score_one(verifier: HiddenTestVerifier, task_id: st
 
 
 @pytest.mark.docker
-def test_known_bad_reference_fails_its_own_tests(verifier: HiddenTestVerifier) -> None:
-    for task_id in KNOWN_BAD_REFERENCES:
-        assert _score(verifier, task_id, reference_code(task_id)).reward == 0.0
+def test_slow_reference_passes_with_default_timeout_and_times_out_under_a_short_one(
+    verifier: HiddenTestVerifier,
+) -> None:
+    assert frozenset() == KNOWN_BAD_REFERENCES
+    (task_id,) = SLOW_REFERENCES
+    task = next(t for t in load_tasks("mbpp") if t.id == task_id)
+    hurried = HiddenTestVerifier(verifier.sandbox, call_timeout=0.5).score(task, reference_code(task_id))
+    assert hurried.reward == 0.0 and hurried.metrics["reward/timeouts"] == 1.0
+    assert HiddenTestVerifier(verifier.sandbox).score(task, reference_code(task_id)).reward == 1.0
 
 
 @pytest.mark.docker
