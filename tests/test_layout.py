@@ -26,6 +26,7 @@ HEAVY = {
     "transformers": ("agents/", "training/"),
     "vllm": ("agents/vllm_policy.py", "training/weight_sync.py"),
     "docker": ("tools/sandbox",),
+    "ray": ("training/ray_backend.py", "agents/ray_"),
 }
 COMPOSITION_ROOTS = {"src/toolgym/cli.py"}
 

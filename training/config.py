@@ -129,6 +129,9 @@ class GRPOConfig:
         format_credit: optional shaped credit added to the verifier's reward for the learner only
             (see :func:`toolgym.training.trainer.shaped_reward`); 0 trains on the verifier's reward alone.
         answer_tool: name of the environment's terminal tool, for ``format_credit``.
+        backend: where environments run: ``asyncio`` (in-process, the default) or ``ray`` (Ray actors,
+            see :mod:`toolgym.training.ray_backend`; the rollout loop and the policy stay in-process).
+        ray_env_actors: environment actor processes for ``backend = "ray"``.
     """
 
     steps: int = 20
@@ -151,6 +154,8 @@ class GRPOConfig:
     seed: int = 0
     format_credit: float = 0.0
     answer_tool: str = "answer"
+    backend: str = "asyncio"
+    ray_env_actors: int = 2
 
     def __post_init__(self) -> None:
         for name in ("steps", "tasks_per_step", "group_size", "rollout_workers", "queue_size", "micro_batch"):
@@ -160,6 +165,13 @@ class GRPOConfig:
             raise ConfigError(
                 "train.group_size must be >= 2: group-relative advantages need at least two samples"
             )
+        if self.backend not in ("asyncio", "ray"):
+            raise ConfigError(
+                f"train.backend must be 'asyncio' or 'ray', got {self.backend!r}."
+                f"{did_you_mean(self.backend, ['asyncio', 'ray'])}"
+            )
+        if self.ray_env_actors < 1:
+            raise ConfigError(f"train.ray_env_actors must be >= 1, got {self.ray_env_actors}")
         if self.max_off_policy_steps < 0 or self.checkpoint_every < 0:
             raise ConfigError("train.max_off_policy_steps and train.checkpoint_every must be >= 0")
 

@@ -21,7 +21,7 @@ from toolgym.core import Harness, Policy, SamplingParams, Trajectory
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.registry import register_all
 
-__all__ = ["Group", "GroupSampler", "RolloutWorkers", "make_env"]
+__all__ = ["Group", "GroupSampler", "RolloutWorkers", "env_factory", "make_env"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,24 @@ def make_env(env_id: str, kwargs: dict) -> gymnasium.Env:
                 f"unknown environment id {env_id!r}.{did_you_mean(env_id.split(':')[-1], known)}"
             ) from exc
         raise
+
+
+def env_factory(
+    backend: str, env_id: str, kwargs: dict, *, ray_env_actors: int = 2
+) -> tuple[Callable[[], gymnasium.Env], Callable[[], None]]:
+    """The rollout workers' environment factory for ``backend``, and how to release what it holds.
+
+    ``asyncio`` makes environments in this process; ``ray`` makes slots on Ray environment actors
+    (:class:`toolgym.training.ray_backend.EnvActorPool`), driven by the same rollout loop.
+    """
+    if backend == "ray":
+        from toolgym.training.ray_backend import EnvActorPool
+
+        pool = EnvActorPool(env_id, kwargs, actors=ray_env_actors)
+        return pool.make, pool.close
+    if backend != "asyncio":
+        raise ConfigError(f"unknown backend {backend!r}.{did_you_mean(backend, ['asyncio', 'ray'])}")
+    return (lambda: make_env(env_id, kwargs)), (lambda: None)
 
 
 @dataclass(frozen=True)

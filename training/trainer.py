@@ -44,7 +44,7 @@ from toolgym.training.checkpoint import (
 from toolgym.training.config import TrainConfig, load_config, to_dict
 from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.loss import check_token_receipt, clipped_pg_loss, k3_kl, token_logprobs
-from toolgym.training.rollouts import Group, GroupSampler, RolloutWorkers, make_env
+from toolgym.training.rollouts import Group, GroupSampler, RolloutWorkers, env_factory, make_env
 
 __all__ = ["Trainer", "build_policy", "train_command"]
 
@@ -177,8 +177,11 @@ class Trainer:
         """Train until ``train.steps``; returns this call's per-step metrics."""
         tc = self.config.train
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
+        make, release = env_factory(
+            tc.backend, self.config.env.id, dict(self.config.env.kwargs), ray_env_actors=tc.ray_env_actors
+        )
         workers = RolloutWorkers(
-            make=lambda: make_env(self.config.env.id, dict(self.config.env.kwargs)),
+            make=make,
             policy=self.policy,
             harness=self.harness,
             sampler=self.sampler,
@@ -220,7 +223,10 @@ class Trainer:
                         bar, completed=self.step, description=f"reward {metrics['reward/mean']:.3f}"
                     )
         finally:
-            await workers.close()
+            try:
+                await workers.close()
+            finally:
+                release()
         return history
 
     async def _collect(

@@ -127,6 +127,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", default=None, help="TOML config file, or the name of a shipped config (demo)")
     p.add_argument("--out", type=Path, default=Path("runs/train"), help="run directory")
+    p.add_argument(
+        "--backend",
+        choices=("asyncio", "ray"),
+        default=None,
+        help="where environments run (same as train.backend=...): in-process asyncio, or Ray actors",
+    )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. grpo.lr=1e-5")
     p.set_defaults(func=cmd_train)
 
@@ -383,7 +389,8 @@ def cmd_sandbox_build(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from toolgym.training.trainer import train_command
 
-    run_dir = train_command(args.config, args.overrides, args.out)
+    backend = [f"train.backend={args.backend}"] if args.backend else []
+    run_dir = train_command(args.config, [*args.overrides, *backend], args.out)
     print(f"run written to {run_dir}; next: toolgym report {run_dir}")
     return 0
 
