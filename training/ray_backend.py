@@ -239,7 +239,9 @@ class EnvActorPool:
                     f"train.ray_env_actors = {actors} needs {actors * num_cpus:g} CPUs but the Ray cluster "
                     f"has {available:g}: lower train.ray_env_actors or add nodes"
                 )
-            remote = ray.remote(EnvActor).options(num_cpus=num_cpus, max_restarts=-1)
+            # NOTE (restarts): a call caught by an actor's death is retried on the restarted actor, where a
+            # reset simply starts the episode and a step finds its slot gone (an InfraError, as it must).
+            remote = ray.remote(EnvActor).options(num_cpus=num_cpus, max_restarts=-1, max_task_retries=3)
             self._actors = [remote.remote(env_id, dict(kwargs), _user_sys_path()) for _ in range(actors)]
             try:
                 self.spec, self.max_turns = ray.get(self._actors[0].describe.remote())
