@@ -26,6 +26,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import torch
 
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, Trajectory
+from toolgym.errors import ConfigError, did_you_mean
 from toolgym.training.advantages import group_advantages
 from toolgym.training.checkpoint import (
     capture_rng,
@@ -46,7 +48,7 @@ from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.loss import check_token_receipt, clipped_pg_loss, k3_kl, token_logprobs
 from toolgym.training.rollouts import Group, GroupSampler, RolloutWorkers, env_factory, make_env
 
-__all__ = ["Trainer", "build_policy", "train_command"]
+__all__ = ["Trainer", "build_policy", "resolve_config", "train_command"]
 
 log = logging.getLogger(__name__)
 
@@ -265,10 +267,10 @@ class Trainer:
         zero_var = 0
         for group in groups:
             usable = [t for t in group.trajectories if t.status != "infra_error"]
+            # the learner's reward: the verifier's plus the optional documented format credit
+            learner_rewards = [shaped_reward(t, tc.format_credit, tc.answer_tool) for t in usable]
             adv = (
-                group_advantages([t.reward for t in usable], normalize_std=tc.normalize_std)
-                if len(usable) >= 2
-                else []
+                group_advantages(learner_rewards, normalize_std=tc.normalize_std) if len(usable) >= 2 else []
             )
             by_id = {id(t): a for t, a in zip(usable, adv, strict=True)}
             advantages.append([by_id.get(id(t), 0.0) for t in group.trajectories])
@@ -407,9 +409,29 @@ class Trainer:
         self.last_metrics = metrics
 
 
+def resolve_config(name_or_path: str | Path | None) -> Path | None:
+    """A config file path as given, or a shipped config by name (``demo`` -> ``configs/demo.toml``).
+
+    An existing file always wins, so a local ``demo`` file is not shadowed by the shipped one.
+    """
+    if name_or_path is None or Path(name_or_path).is_file():
+        return None if name_or_path is None else Path(name_or_path)
+    name = str(name_or_path)
+    shipped = resources.files("toolgym.training") / "configs" / f"{name.removesuffix('.toml')}.toml"
+    if "/" not in name and shipped.is_file():
+        return Path(str(shipped))
+    known = sorted(
+        p.name.removesuffix(".toml") for p in (resources.files("toolgym.training") / "configs").iterdir()
+    )
+    raise ConfigError(
+        f"config {name!r} is neither a file nor a shipped config.{did_you_mean(name, known)} "
+        f"Shipped configs: {', '.join(known)}"
+    )
+
+
 def train_command(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path) -> Path:
-    """``toolgym train --config FILE [key=value ...] --out DIR``; resumes if DIR holds a checkpoint."""
-    config = load_config(config_path, overrides)
+    """``toolgym train --config FILE|NAME [key=value ...] --out DIR``; resumes if DIR holds a checkpoint."""
+    config = load_config(resolve_config(config_path), overrides)
     trainer = Trainer(config, out_dir)
     try:
         trainer.resume()
