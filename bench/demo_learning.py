@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from toolgym.training.analysis import learning_summary, stage_changes
+from toolgym.training.analysis import bootstrap_difference, learning_summary, read_run, stage_changes
 
 
 def describe(run_dir: Path, resamples: int) -> dict:
@@ -60,11 +60,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--control", type=Path, default=None, help="a second run to compare (e.g. lr=0)")
+    parser.add_argument(
+        "--from-step",
+        type=int,
+        default=1,
+        help="with --control: compare the two runs' rewards over steps >= this one (e.g. after an unlock)",
+    )
     parser.add_argument("--resamples", type=int, default=10_000)
     args = parser.parse_args()
     runs = [describe(args.run_dir, args.resamples)]
     if args.control is not None:
         runs.append(describe(args.control, args.resamples))
+        _, trained = read_run(args.run_dir)
+        _, control = read_run(args.control)
+        a = [r for step, rs in trained.items() if step >= args.from_step for r in rs]
+        b = [r for step, rs in control.items() if step >= args.from_step for r in rs]
+        low, high = bootstrap_difference(b, a, resamples=args.resamples)
+        diff = sum(a) / len(a) - sum(b) / len(b)
+        print(
+            f"== steps >= {args.from_step}: run {sum(a) / len(a):.4f} (n={len(a)}, {sum(r > 0 for r in a)} > 0) vs "
+            f"control {sum(b) / len(b):.4f} (n={len(b)}, {sum(r > 0 for r in b)} > 0): "
+            f"difference {diff:+.4f}, bootstrap 95% CI [{low:+.4f}, {high:+.4f}]"
+        )
+        runs.append({"from_step": args.from_step, "difference": diff, "ci": [low, high]})
     print(json.dumps(runs))
 
 
