@@ -214,11 +214,12 @@ def shipped_configs() -> dict[str, Path]:
 def resolve_config_path(path: str | Path) -> Path:
     """A TOML file path, or the name of a shipped config; unknown names answer "did you mean"."""
     candidate = Path(path)
-    if candidate.is_file():
+    if candidate.is_file():  # an existing file wins over a shipped config of the same name
         return candidate
     shipped = shipped_configs()
-    if str(path) in shipped:
-        return shipped[str(path)]
+    name = str(path).removesuffix(".toml")
+    if name in shipped:
+        return shipped[name]
     raise ConfigError(
         f"config file not found: {path}.{did_you_mean(str(path), shipped)} "
         f"Shipped configs: {', '.join(shipped) or 'none'}"

@@ -26,7 +26,6 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ import torch
 
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, Trajectory
-from toolgym.errors import ConfigError, did_you_mean
 from toolgym.training.advantages import group_advantages
 from toolgym.training.checkpoint import (
     capture_rng,
@@ -48,7 +46,7 @@ from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.loss import check_token_receipt, clipped_pg_loss, k3_kl, token_logprobs
 from toolgym.training.rollouts import Group, GroupSampler, RolloutWorkers, env_factory, make_env
 
-__all__ = ["Trainer", "build_policy", "resolve_config", "train_command"]
+__all__ = ["Trainer", "build_policy", "train_command"]
 
 log = logging.getLogger(__name__)
 
@@ -409,29 +407,9 @@ class Trainer:
         self.last_metrics = metrics
 
 
-def resolve_config(name_or_path: str | Path | None) -> Path | None:
-    """A config file path as given, or a shipped config by name (``demo`` -> ``configs/demo.toml``).
-
-    An existing file always wins, so a local ``demo`` file is not shadowed by the shipped one.
-    """
-    if name_or_path is None or Path(name_or_path).is_file():
-        return None if name_or_path is None else Path(name_or_path)
-    name = str(name_or_path)
-    shipped = resources.files("toolgym.training") / "configs" / f"{name.removesuffix('.toml')}.toml"
-    if "/" not in name and shipped.is_file():
-        return Path(str(shipped))
-    known = sorted(
-        p.name.removesuffix(".toml") for p in (resources.files("toolgym.training") / "configs").iterdir()
-    )
-    raise ConfigError(
-        f"config {name!r} is neither a file nor a shipped config.{did_you_mean(name, known)} "
-        f"Shipped configs: {', '.join(known)}"
-    )
-
-
 def train_command(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path) -> Path:
     """``toolgym train --config FILE|NAME [key=value ...] --out DIR``; resumes if DIR holds a checkpoint."""
-    config = load_config(resolve_config(config_path), overrides)
+    config = load_config(config_path, overrides)
     trainer = Trainer(config, out_dir)
     try:
         trainer.resume()

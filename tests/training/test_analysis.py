@@ -10,8 +10,8 @@ import pytest
 
 from toolgym.errors import ConfigError
 from toolgym.training.analysis import bootstrap_difference, learning_summary, stage_changes
-from toolgym.training.config import load_config
-from toolgym.training.trainer import Trainer, resolve_config
+from toolgym.training.config import load_config, resolve_config_path
+from toolgym.training.trainer import Trainer
 
 
 def write_run(
@@ -130,10 +130,10 @@ async def test_summary_of_a_real_tiny_run(tmp_path: Path) -> None:
 
 
 def test_the_shipped_demo_config_resolves_by_name_and_is_valid() -> None:
-    path = resolve_config("demo")
+    path = resolve_config_path("demo")
     assert path is not None and path.name == "demo.toml" and path.is_file()
     config = load_config(path)
     assert config.env.id == "toolgym/SearchQA-v0" and dict(config.env.kwargs)["metric"] == "f1"
     assert len(config.curriculum.stages) >= 2 and "search" not in config.curriculum.stages[0]
     with pytest.raises(ConfigError, match="Did you mean 'demo'"):
-        resolve_config("dmeo")
+        resolve_config_path("dmeo")
