@@ -230,7 +230,7 @@ class HFPolicy(ChatPolicy):
         if self._closed:
             raise ConfigError("this HFPolicy is closed; make a new one")
         prompt = [int(t) for t in token_ids]
-        _check_sampling(sampling)
+        sampling.check()
         if not prompt:
             raise ConfigError("generate() needs at least one prompt token (render the chat first)")
         vocab = self.model.config.vocab_size
@@ -373,17 +373,6 @@ def _nucleus(torch: Any, logp: Any, top_p: float) -> Any:
     drop_sorted = mass_before >= top_p  # the first token always stays (mass_before == 0)
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
-
-
-def _check_sampling(sampling: SamplingParams) -> None:
-    if sampling.max_tokens < 1:
-        raise ConfigError(f"SamplingParams.max_tokens must be >= 1, got {sampling.max_tokens}")
-    if sampling.temperature < 0:
-        raise ConfigError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {sampling.temperature}")
-    if not 0 < sampling.top_p <= 1:
-        raise ConfigError(f"SamplingParams.top_p must be in (0, 1], got {sampling.top_p}")
-    if any(not isinstance(s, str) or not s for s in sampling.stop):
-        raise ConfigError(f"SamplingParams.stop must hold non-empty strings, got {sampling.stop!r}")
 
 
 def _mix(seed: int, index: int) -> int:

@@ -316,12 +316,7 @@ class VLLMPolicy(ChatPolicy):
         return prompt
 
     def _vllm_sampling(self, sampling: SamplingParams, prompt_len: int, **extra: Any) -> Any:
-        if sampling.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
-        if sampling.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {sampling.temperature}")
-        if not 0 < sampling.top_p <= 1:
-            raise ConfigError(f"top_p must lie in (0, 1], got {sampling.top_p}")
+        sampling.check()
         return self._vllm.SamplingParams(
             max_tokens=min(sampling.max_tokens, self.max_model_len - prompt_len),
             temperature=sampling.temperature,

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from toolgym.errors import ToolCallError, ToolTimeout
+from toolgym.errors import ConfigError, ToolCallError, ToolTimeout
 
 __all__ = [
     "Completion",
@@ -166,6 +166,17 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        """Raise :class:`~toolgym.errors.ConfigError` unless every field is in range (policies call it)."""
+        if self.max_tokens < 1:
+            raise ConfigError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
 
 
 @dataclass(frozen=True)
