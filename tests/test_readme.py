@@ -24,12 +24,24 @@ def test_test_command_is_the_one_ci_runs():
 def test_main_job_command_parses_and_uses_the_embedded_defaults():
     blocks = _bash_blocks((ROOT / "README.md").read_text())
     main_job = next(b for b in blocks if "toolgym " in b and "pytest" not in b).strip()
-    install, _, command = main_job.partition(" && ")
+    install, *commands = main_job.split(" && ")
     assert install == "bash .ci/install" and (ROOT / ".ci" / "install").exists()
-    argv = shlex.split(command)
-    assert argv[0] == "toolgym"
-    args = _parser().parse_args(argv[1:])
-    assert args.func is not None
+    assert [shlex.split(c)[:2] for c in commands] == [["toolgym", "train"], ["toolgym", "report"]]
+    train = _parser().parse_args(shlex.split(commands[0])[1:])
+    from toolgym.training.config import load_config
+
+    config = load_config(train.config, train.overrides)  # the shipped demo config resolves and is valid
+    assert config.policy.kind == "hf" and not config.policy.model  # the embedded default model
+    report = _parser().parse_args(shlex.split(commands[1])[1:])
+    assert report.run_dir == train.out
+
+
+def test_every_toolgym_command_in_readme_parses():
+    for block in _bash_blocks((ROOT / "README.md").read_text()):
+        for command in block.strip().split(" && "):
+            argv = shlex.split(command)
+            if argv and argv[0] == "toolgym":
+                assert _parser().parse_args(argv[1:]).func is not None
 
 
 def test_environments_md_has_one_section_per_registered_id():
