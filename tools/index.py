@@ -27,7 +27,6 @@ same corpus is indexed once and any change to it builds a new index.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import logging
@@ -41,6 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from toolgym.data import iter_jsonl
 from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError, did_you_mean
 
 __all__ = [
@@ -158,25 +158,8 @@ def _validate(records: Iterable[tuple[str, Any]]) -> tuple[list[str], list[str],
 
 def _read_corpus(path: Path) -> Iterator[tuple[str, Any]]:
     """Yield (``file:line``, parsed JSON) for each non-blank line of a JSONL (or .jsonl.gz) file."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such corpus file (expected JSONL with id, title, text per line)")
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(
-                        f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
-                    ) from None
-                yield f"{path}:{lineno}", record
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except (OSError, EOFError) as exc:
-        raise ConfigError(f"{path}: cannot read the corpus ({exc})") from None
+    for lineno, record in iter_jsonl(path, what="corpus file (expected JSONL with id, title, text per line)"):
+        yield f"{path}:{lineno}", record
 
 
 def _corpus_hash(ids: Sequence[str], titles: Sequence[str], texts: Sequence[str]) -> str:

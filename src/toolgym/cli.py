@@ -69,42 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-total-tokens", type=int, default=8192, help="token budget of a whole episode (context)"
     )
-    p.add_argument(
-        "--env-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="environment constructor argument (JSON value)",
-    )
-    p.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import a module that registers your environment",
-    )
+    _add_env_options(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("play", help="play an environment by hand: you type the agent's turns")
     p.add_argument("env", help="environment id")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--task-id", default=None)
-    p.add_argument(
-        "--env-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="environment constructor argument (JSON value)",
-    )
-    p.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import a module that registers your environment",
-    )
+    _add_env_options(p)
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("index", help="search indexes")
@@ -145,6 +117,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, default=Path("."), help="where to write the files")
     p.set_defaults(func=cmd_new_env)
     return parser
+
+
+def _add_env_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment constructor argument (JSON value)",
+    )
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module that registers your environment",
+    )
 
 
 # ----------------------------------------------------------------------------- commands

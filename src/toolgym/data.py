@@ -10,7 +10,34 @@ from typing import Any
 
 from toolgym.errors import ConfigError
 
-__all__ = ["read_jsonl"]
+__all__ = ["iter_jsonl", "read_jsonl"]
+
+
+def iter_jsonl(path: str | Path, *, what: str = "file") -> Iterator[tuple[int, Any]]:
+    """Yield ``(line number, parsed JSON)`` for each non-blank line of a JSONL (or ``.jsonl.gz``) file.
+
+    Raises :class:`~toolgym.errors.ConfigError` naming ``file:line`` for a line that is not JSON, and
+    naming the file when it is missing, unreadable or not UTF-8 (``what`` says what the file is).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such {what}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(
+                        f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
+                    ) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except (OSError, EOFError) as exc:
+        raise ConfigError(f"{path}: cannot read the {what} ({exc})") from None
 
 
 def read_jsonl(
@@ -21,33 +48,14 @@ def read_jsonl(
     Blank lines are skipped. A line that is not a JSON object, or lacks a required key, raises
     :class:`~toolgym.errors.ConfigError` naming ``file:line`` and what was expected.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(
-                        f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
-                    ) from None
-                if not isinstance(record, dict):
-                    raise ConfigError(
-                        f"{path}:{lineno}: expected a JSON object per line, got {type(record).__name__}"
-                    )
-                missing = [key for key in required if key not in record]
-                if missing:
-                    raise ConfigError(
-                        f"{path}:{lineno}: {kind} lacks {', '.join(map(repr, missing))} "
-                        f"(each line needs {', '.join(required)})"
-                    )
-                yield record
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except (OSError, EOFError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    for lineno, record in iter_jsonl(path):
+        if not isinstance(record, dict):
+            raise ConfigError(
+                f"{path}:{lineno}: expected a JSON object per line, got {type(record).__name__}"
+            )
+        missing = [key for key in required if key not in record]
+        if missing:
+            raise ConfigError(
+                f"{path}:{lineno}: {kind} lacks {', '.join(map(repr, missing))} (each line needs {', '.join(required)})"
+            )
+        yield record
