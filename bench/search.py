@@ -35,21 +35,10 @@ DATA = resources.files("toolgym.envs") / "data"
 
 def quality_corpus() -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
     """XQuAD paragraphs + Wikipedia leads, and (question, gold paragraph id) pairs."""
-    xquad = json.loads((DATA / "search_qa" / "xquad.en.json").read_text(encoding="utf-8"))
-    docs: list[dict[str, str]] = []
-    questions: list[tuple[str, str]] = []
-    for article in xquad["data"]:
-        for paragraph in article["paragraphs"]:
-            doc_id = f"xq{len(docs):04d}"
-            docs.append(
-                {"id": doc_id, "title": article["title"].replace("_", " "), "text": paragraph["context"]}
-            )
-            questions.extend((qa["question"], doc_id) for qa in paragraph["qas"])
-    with gzip.open(str(DATA / "search_qa" / "wiki_vital_summaries_en.json.gz"), "rt", encoding="utf-8") as fh:
-        wiki = json.load(fh)
-    for i, key in enumerate(sorted(wiki)):
-        docs.append({"id": f"wk{i:05d}", "title": wiki[key]["title"], "text": wiki[key]["extract"]})
-    return docs, questions
+    from toolgym.envs.search_qa import default_corpus, default_questions
+
+    questions = [(t.metadata["question"], t.metadata["gold_doc"]) for t in default_questions()]
+    return default_corpus(), questions
 
 
 def speed_corpus(window: int) -> list[dict[str, str]]:

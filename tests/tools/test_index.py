@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
-from importlib import resources
 
 import pytest
 
@@ -13,25 +11,12 @@ from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymErro
 from toolgym.tools.bm25 import analyze, lucene_length
 from toolgym.tools.index import Hit, Index, UnknownDocument, build_command, build_index, load_index
 
-DATA = resources.files("toolgym.envs") / "data" / "search_qa"
-
 
 def _corpus() -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
-    xquad = json.loads((DATA / "xquad.en.json").read_text(encoding="utf-8"))
-    docs: list[dict[str, str]] = []
-    questions: list[tuple[str, str]] = []
-    for article in xquad["data"]:
-        for paragraph in article["paragraphs"]:
-            doc_id = f"xq{len(docs):04d}"
-            docs.append(
-                {"id": doc_id, "title": article["title"].replace("_", " "), "text": paragraph["context"]}
-            )
-            questions.extend((qa["question"], doc_id) for qa in paragraph["qas"])
-    with gzip.open(str(DATA / "wiki_vital_summaries_en.json.gz"), "rt", encoding="utf-8") as fh:
-        wiki = json.load(fh)
-    for i, key in enumerate(sorted(wiki)):
-        docs.append({"id": f"wk{i:05d}", "title": wiki[key]["title"], "text": wiki[key]["extract"]})
-    return docs, questions
+    from toolgym.envs.search_qa import default_corpus, default_questions
+
+    questions = [(t.metadata["question"], t.metadata["gold_doc"]) for t in default_questions()]
+    return default_corpus(), questions
 
 
 @pytest.fixture(scope="session")
