@@ -4,6 +4,8 @@
 seed (task ``i`` gets seed ``seed + i``), and returns per-track summaries plus the paired difference of
 each track against the first (bootstrap 95% interval over tasks). Episodes run concurrently, each on its
 own environment instance; a policy that batches concurrent requests (HFPolicy) gets batch speed.
+
+With ``out_dir`` the run is recorded, resumable and comparable (:mod:`toolgym.agents.eval_runs`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,26 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from toolgym.agents.eval_runs import (
+    EvalSettings,
+    append_episode,
+    paired_rewards,
+    prepare_run_dir,
+    write_record,
+)
 from toolgym.agents.harness import get_harness
-from toolgym.agents.rollout import run_episode, write_trajectories
+from toolgym.agents.rollout import run_episode
 from toolgym.core import Policy, SamplingParams, Trajectory
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, did_you_mean
 
-__all__ = ["EvalReport", "TrackSummary", "evaluate", "paired_bootstrap", "summarize"]
+__all__ = [
+    "EvalReport",
+    "TrackSummary",
+    "check_env_kwargs",
+    "evaluate",
+    "paired_bootstrap",
+    "summarize",
+]
 
 
 @dataclass(frozen=True)
@@ -49,11 +65,24 @@ class EvalReport:
     seed: int
     task_ids: list[str]
     tracks: list[TrackSummary]
-    #: track name -> (mean difference vs the first track, ci_low, ci_high)
+    #: track name -> (mean difference vs the first track, ci_low, ci_high); pairs with an
+    #: ``infra_error`` on either side are left out (never scored)
     paired: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    #: the run's settings (:class:`~toolgym.agents.eval_runs.EvalSettings` as JSON), not in ``to_json``
+    settings: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: episodes by track, in task order; not in ``to_json`` (the JSONL files hold them)
+    trajectories: dict[str, list[Trajectory]] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        data = {
+            "env_id": self.env_id,
+            "policy": self.policy,
+            "seed": self.seed,
+            "task_ids": self.task_ids,
+            "tracks": [asdict(t) for t in self.tracks],
+            "paired": self.paired,
+        }
+        return json.dumps(data, indent=2)
 
 
 def paired_bootstrap(
@@ -104,34 +133,63 @@ async def evaluate(
     out_dir: str | Path | None = None,
     env_kwargs: dict[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    policy_label: str | None = None,
+    policy_info: Mapping[str, Any] | None = None,
+    restart: bool = False,
 ) -> EvalReport:
     """Run every track on the same ``n`` tasks and seeds (see the module docstring).
 
     ``policy_factory`` is called once per track with a fresh state (scripted policies keep a cursor);
     policies that hold a model should return the same shared instance.
+
+    With ``out_dir`` the run is recorded there (:mod:`toolgym.agents.eval_runs`): each episode is
+    appended as it finishes, a directory with the same settings is resumed (finished episodes are not
+    run again), and one with other settings is refused unless ``restart`` clears it.
+
+    Args:
+        policy_label: the policy's name in the report and record (e.g. its spec); default its ``name``.
+        policy_info: what the policy resolved to (model directory, export step), for the record.
     """
     harness_objs = [get_harness(h) for h in harnesses]
     if len({h.name for h in harness_objs}) != len(harness_objs):
         raise ConfigError(f"each harness may appear once, got {list(harnesses)}")
-    probe = gymnasium.make(env_id, **(env_kwargs or {}))
+    if n < 1:
+        raise ConfigError(f"n must be >= 1, got {n}")
+    env_kwargs = dict(env_kwargs or {})
+    check_env_kwargs(env_id, env_kwargs)
+    probe = _make_env(env_id, env_kwargs)
     try:
         all_ids = probe.unwrapped.task_ids()
     finally:
         probe.close()
-    if n < 1:
-        raise ConfigError(f"n must be >= 1, got {n}")
     rng = np.random.default_rng(seed)
     picked = [all_ids[i] for i in rng.choice(len(all_ids), size=min(n, len(all_ids)), replace=False)]
-    total = len(picked) * len(harness_objs)
-    done = 0
     sampling = sampling or SamplingParams(max_tokens=96, temperature=0.0)
+    settings = EvalSettings(
+        env_id=env_id,
+        env_kwargs=env_kwargs,
+        harnesses=tuple(h.name for h in harness_objs),
+        task_ids=tuple(picked),
+        seeds=tuple(seed + i for i in range(len(picked))),
+        max_total_tokens=max_total_tokens,
+        policy=policy_label or "",
+        policy_info=dict(policy_info or {}),
+        sampling=asdict(sampling),
+    )
+    out = Path(out_dir) if out_dir is not None else None
+    finished = prepare_run_dir(out, settings, restart=restart) if out is not None else {}
+    done_keys = {(t.harness, t.task_id, t.seed) for trajs in finished.values() for t in trajs}
+    total = len(picked) * len(harness_objs)
+    done = len(done_keys)
+    if progress is not None:
+        progress(done, total)
     semaphore = asyncio.Semaphore(concurrency)
     pool: list[gymnasium.Env] = []
 
     async def one(harness: Any, policy: Policy, i: int, task_id: str) -> Trajectory:
         nonlocal done
         async with semaphore:
-            env = pool.pop() if pool else gymnasium.make(env_id, **(env_kwargs or {}))
+            env = pool.pop() if pool else gymnasium.make(env_id, **env_kwargs)
             try:
                 trajectory = await run_episode(
                     env,
@@ -145,36 +203,92 @@ async def evaluate(
                 )
             finally:
                 pool.append(env)
+        if out is not None:
+            append_episode(out, trajectory)
         done += 1
         if progress is not None:
             progress(done, total)
         return trajectory
 
     results: dict[str, list[Trajectory]] = {}
+    policy_name = policy_label
     started = time.perf_counter()
     try:
         for harness in harness_objs:
-            policy = policy_factory()
-            results[harness.name] = list(
-                await asyncio.gather(*(one(harness, policy, i, t) for i, t in enumerate(picked)))
-            )
+            todo = [(i, t) for i, t in enumerate(picked) if (harness.name, t, seed + i) not in done_keys]
+            new: list[Trajectory] = []
+            if todo:
+                policy = policy_factory()
+                policy_name = policy_name or getattr(policy, "name", type(policy).__name__)
+                new = list(await asyncio.gather(*(one(harness, policy, i, t) for i, t in todo)))
+            # NOTE: episodes in task order whatever order they finished (or were resumed) in
+            by_key = {(t.task_id, t.seed): t for t in [*finished.get(harness.name, []), *new]}
+            results[harness.name] = [by_key[(t, seed + i)] for i, t in enumerate(picked)]
     finally:
         for env in pool:
             env.close()
     tracks = [summarize(name, trajs) for name, trajs in results.items()]
     names = list(results)
-    paired = {
-        name: paired_bootstrap(
-            [t.reward for t in results[names[0]]], [t.reward for t in results[name]], seed=seed
-        )
-        for name in names[1:]
-    }
-    report = EvalReport(env_id, getattr(policy, "name", type(policy).__name__), seed, picked, tracks, paired)
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, trajs in results.items():
-            write_trajectories(out / f"trajectories-{name}.jsonl", trajs, append=False)
+    paired = {}
+    for name in names[1:]:
+        a, b, _ = paired_rewards(results[names[0]], results[name])
+        if a:
+            paired[name] = paired_bootstrap(a, b, seed=seed)
+    report = EvalReport(env_id, policy_name or "policy", seed, picked, tracks, paired)
+    report.trajectories.update(results)
+    report.settings.update(settings.to_dict())
+    if out is not None:
         (out / "summary.json").write_text(report.to_json(), encoding="utf-8")
         (out / "elapsed_s.txt").write_text(f"{time.perf_counter() - started:.1f}\n", encoding="utf-8")
+        write_record(
+            out,
+            settings,
+            "complete",
+            {"tracks": [asdict(t) for t in tracks], "paired": {k: list(v) for k, v in paired.items()}},
+        )
     return report
+
+
+def _make_env(env_id: str, env_kwargs: Mapping[str, Any]) -> gymnasium.Env:
+    """``gymnasium.make``, with a constructor's ``TypeError`` (a bad argument) as a one-line ConfigError."""
+    try:
+        return gymnasium.make(env_id, **env_kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"{env_id} rejected its arguments {dict(env_kwargs)} ({exc}); fix the --env-arg values"
+        ) from exc
+
+
+def check_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
+    """Refuse keyword arguments the environment's constructor (and ``gymnasium.make``) does not take.
+
+    Raises:
+        ConfigError: an unknown name, with "did you mean" and the accepted names.
+    """
+    import inspect
+
+    from gymnasium.envs.registration import load_env_creator
+
+    from toolgym.registry import check_id
+
+    check_id(env_id)
+    spec = gymnasium.spec(env_id)
+    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    try:
+        params = inspect.signature(creator).parameters
+    except (TypeError, ValueError):
+        return  # a builtin or C creator: let it check its own arguments
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = {
+        name
+        for name, p in params.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+    accepted |= set(inspect.signature(gymnasium.make).parameters) - {"id", "kwargs"}
+    for key in env_kwargs:
+        if key not in accepted:
+            raise ConfigError(
+                f"{env_id} takes no argument {key!r}.{did_you_mean(key, accepted)} "
+                f"It accepts: {', '.join(sorted(accepted))}"
+            )

@@ -51,6 +51,7 @@ __all__ = [
     "model_cache_root",
     "require_hf",
     "resolve_model_dir",
+    "safetensors_problem",
     "smollm2_gguf_path",
     "smollm2_path",
 ]
@@ -123,10 +124,17 @@ def resolve_model_dir(model: str | Path | None, *, cache_root: str | Path | None
     """Turn a policy's ``model`` argument into a local Hugging Face directory.
 
     ``None`` is the embedded SmolLM2; a ``.gguf`` file is converted through the same cache; a directory
-    must hold a ``config.json``. Nothing is downloaded: this library runs offline.
+    must hold a ``config.json``; ``"run:DIR"`` / ``"run:DIR@STEP"`` is the newest (or that step's)
+    inference export of a training run (:func:`toolgym.agents.exports.resolve_run_export`), so a
+    trained policy can be loaded, served or trained further by name. Nothing is downloaded: this
+    library runs offline.
     """
     if model is None:
         return smollm2_path(cache_root=cache_root)
+    if isinstance(model, str) and model.startswith("run:"):
+        from toolgym.agents.specs import parse_policy_spec
+
+        return parse_policy_spec(model).model_dir()
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _cached_conversion(path, cache_root=cache_root, show_progress=True)
@@ -166,11 +174,11 @@ def cache_problem(directory: str | Path) -> str | None:
             return f"{name} has {size} bytes, expected {meta.get('size')}"
         if "sha256" in meta and file_sha256(path) != meta["sha256"]:
             return f"{name} does not match its sha256"
-    return _safetensors_header_problem(directory / "model.safetensors")
+    return safetensors_problem(directory / "model.safetensors")
 
 
-def _safetensors_header_problem(path: Path) -> str | None:
-    """Parse the safetensors header and check the data it describes fits in the file."""
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is truncated or malformed (its header, and the data it describes)."""
     size = path.stat().st_size
     with path.open("rb") as fh:
         raw = fh.read(8)

@@ -16,9 +16,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from toolgym.errors import ConfigError, ToolgymError, did_you_mean
+from toolgym.errors import ConfigError, ToolgymError
 
-POLICIES = ("smollm2", "scripted", "bm25", "hf")
+POLICY_HELP = (
+    "smollm2 (embedded model), scripted (model-free baseline), hf:PATH (local HF model dir or .gguf), "
+    "run:DIR[@STEP] (a training run's newest or STEP's export), vllm:smollm2|vllm:PATH|vllm:run:DIR[@STEP] "
+    "(in-process vLLM), http:URL (OpenAI-compatible server; needs --model)"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,15 +58,28 @@ def _parser() -> argparse.ArgumentParser:
         "eval", help="evaluate a policy on an environment, bare and scaffold tracks side by side"
     )
     p.add_argument("--env", required=True, help="environment id, e.g. toolgym/SearchQA-v0")
-    p.add_argument(
-        "--policy",
-        default="smollm2",
-        help="smollm2 (embedded model), scripted (model-free baseline), or hf:PATH (a local HF model dir)",
-    )
+    p.add_argument("--policy", default="smollm2", help=POLICY_HELP)
+    p.add_argument("--model", default=None, help="served model name, for --policy http:URL only")
     p.add_argument("--harness", default="bare,scaffold", help="comma-separated tracks (bare, scaffold)")
     p.add_argument("--n", type=int, default=50, help="number of tasks (the same ones on every track)")
     p.add_argument("--seed", type=int, default=0, help="seed for task choice and episodes")
-    p.add_argument("--out", type=Path, default=None, help="directory for trajectories and summary.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory: eval.json (settings, summaries), trajectories per track; resumed if the "
+        "settings match, refused if they differ",
+    )
+    p.add_argument(
+        "--restart", action="store_true", help="clear --out's earlier evaluation instead of resuming"
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="an earlier `eval --out` run: also print the paired difference against it, per track",
+    )
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight (the model batches them)")
     p.add_argument("--max-tokens", type=int, default=96, help="tokens per assistant turn")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -71,6 +88,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_env_options(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "compare", help="paired difference B - A of two `eval --out` runs on the same tasks and seeds"
+    )
+    p.add_argument("run_a", type=Path, metavar="RUN_A", help="the baseline evaluation directory")
+    p.add_argument("run_b", type=Path, metavar="RUN_B", help="the evaluation compared against it")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser(
+        "export", help="write a Hugging Face model directory from a training run's checkpoint (RUN/export/)"
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--keep", type=int, default=2, help="exports to keep in RUN_DIR/export (newest first)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("play", help="play an environment by hand: you type the agent's turns")
     p.add_argument("env", help="environment id")
@@ -165,7 +197,9 @@ def _import_modules(names: list[str]) -> None:
             ) from None
 
 
-def _env_kwargs(pairs: list[str]) -> dict[str, Any]:
+def _env_kwargs(pairs: list[str], env_id: str | None = None) -> dict[str, Any]:
+    """``--env-arg KEY=VALUE`` pairs (values parsed as JSON, else kept as text), checked against the
+    environment's constructor when ``env_id`` is given (a misspelt key gets "did you mean")."""
     out: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
@@ -175,37 +209,11 @@ def _env_kwargs(pairs: list[str]) -> dict[str, Any]:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+    if env_id is not None:
+        from toolgym.agents.evaluate import check_env_kwargs
+
+        check_env_kwargs(env_id, out)
     return out
-
-
-def _policy_factory(name: str, env_id: str, seed: int) -> Any:
-    if name in ("scripted", "bm25"):
-        from toolgym.agents.policy import RulePolicy
-
-        rule_factory = _env_attribute(env_id, "baseline_rule")
-        if rule_factory is None:
-            raise ConfigError(f"{env_id} has no scripted baseline (its module defines no baseline_rule())")
-        return lambda: RulePolicy(rule_factory(), name=f"scripted:{env_id}")
-    if name == "smollm2" or name.startswith("hf:"):
-        from toolgym.agents.hf_policy import HFPolicy
-
-        policy = HFPolicy(None if name == "smollm2" else name[3:], seed=seed)
-        return lambda: policy
-    raise ConfigError(
-        f"unknown policy {name!r}.{did_you_mean(name, POLICIES)} Choose smollm2, scripted, or hf:PATH"
-    )
-
-
-def _env_attribute(env_id: str, attribute: str) -> Any:
-    """An attribute of the module that defines a registered environment (e.g. its baseline rule)."""
-    import importlib
-
-    import gymnasium
-
-    entry_point = gymnasium.spec(env_id).entry_point
-    if not isinstance(entry_point, str):
-        return getattr(importlib.import_module(entry_point.__module__), attribute, None)
-    return getattr(importlib.import_module(entry_point.split(":")[0]), attribute, None)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -213,20 +221,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
     from rich.table import Table
 
+    from toolgym.agents.eval_runs import early_differences, load_eval_run
     from toolgym.agents.evaluate import evaluate
     from toolgym.agents.harness import get_harness
+    from toolgym.agents.specs import parse_policy_spec, policy_factory
     from toolgym.core import SamplingParams
     from toolgym.registry import check_id
 
     _import_modules(args.imports)
     check_id(args.env)
+    env_kwargs = _env_kwargs(args.env_arg, args.env)
     harnesses = [h.strip() for h in args.harness.split(",") if h.strip()]
     for name in harnesses:
         get_harness(name)
     if args.n < 1:
         raise ConfigError(f"n must be >= 1, got {args.n}")
-    factory = _policy_factory(args.policy, args.env, args.seed)
-    model_free = args.policy in ("scripted", "bm25")
+    spec = parse_policy_spec(args.policy, model=args.model)
+    baseline = load_eval_run(args.baseline) if args.baseline is not None else None  # fail before the work
+    if baseline is not None:
+        diff = early_differences(baseline, args.env, env_kwargs, harnesses, args.seed)
+        if diff:
+            raise ConfigError(
+                f"--baseline {args.baseline} ran other episodes: differs in {'; '.join(diff)}. Fix: repeat "
+                "its --env, --env-arg, --harness, --n and --seed"
+            )
+    model_free = spec.model_free
+    factory = policy_factory(spec, env_id=args.env, seed=args.seed, max_model_len=args.max_total_tokens)
     console = Console(stderr=True)
     with Progress(
         "[progress.description]{task.description}",
@@ -241,26 +261,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        report = asyncio.run(
-            evaluate(
-                args.env,
-                factory,
-                harnesses,
-                n=args.n,
-                seed=args.seed,
-                concurrency=args.concurrency,
-                # model-free policies write whole turns (a long submit list) in byte tokens: no caps
-                sampling=SamplingParams(
-                    max_tokens=args.max_tokens if not model_free else 1 << 20,
-                    temperature=args.temperature,
+        try:
+            report = asyncio.run(
+                evaluate(
+                    args.env,
+                    factory,
+                    harnesses,
+                    n=args.n,
                     seed=args.seed,
-                ),
-                max_total_tokens=args.max_total_tokens if not model_free else 1 << 30,
-                out_dir=args.out,
-                env_kwargs=_env_kwargs(args.env_arg),
-                progress=progress,
+                    concurrency=args.concurrency,
+                    # model-free policies write whole turns (a long submit list) in byte tokens: no caps
+                    sampling=SamplingParams(
+                        max_tokens=args.max_tokens if not model_free else 1 << 20,
+                        temperature=args.temperature,
+                        seed=args.seed,
+                    ),
+                    max_total_tokens=args.max_total_tokens if not model_free else 1 << 30,
+                    out_dir=args.out,
+                    env_kwargs=env_kwargs,
+                    progress=progress,
+                    policy_label=spec.text,
+                    policy_info=spec.describe(),
+                    restart=args.restart,
+                )
             )
-        )
+        finally:
+            factory.close()
     table = Table(
         title=f"{report.env_id} · policy {report.policy} · n={len(report.task_ids)} · seed {report.seed}"
     )
@@ -292,15 +318,70 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"paired reward difference {name} - {base}: {diff:+.3f} (95% bootstrap CI [{low:+.3f}, {high:+.3f}], n={len(report.task_ids)} tasks)"
         )
     if args.out is not None:
-        print(f"trajectories and summary.json written to {args.out}")
+        print(f"eval.json and trajectories written to {args.out}; compare: toolgym compare RUN_A {args.out}")
+    if baseline is not None:
+        from toolgym.agents.eval_runs import EvalRun, EvalSettings, compare_runs
+
+        this = EvalRun(args.out, EvalSettings.from_dict(report.settings), "complete", report.trajectories)
+        _print_comparison(compare_runs(baseline, this, seed=args.seed))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from toolgym.agents.eval_runs import compare_runs, load_eval_run
+
+    comparison = compare_runs(load_eval_run(args.run_a), load_eval_run(args.run_b))
+    if args.json:
+        print(comparison.to_json())
+    else:
+        _print_comparison(comparison)
+    return 0
+
+
+def _print_comparison(comparison: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"B - A  ·  A = {comparison.a}  ·  B = {comparison.b}")
+    for col in ("track", "pairs", "reward A", "reward B", "B - A", "95% bootstrap CI", "infra dropped"):
+        table.add_column(col, justify="left" if col == "track" else "right")
+    for t in comparison.tracks:
+        table.add_row(
+            t.harness,
+            str(t.n),
+            f"{t.reward_a:.3f}",
+            f"{t.reward_b:.3f}",
+            f"{t.diff:+.3f}",
+            f"[{t.low:+.3f}, {t.high:+.3f}]",
+            str(t.infra_dropped),
+        )
+    Console(width=140).print(table)
+    for t in comparison.tracks:
+        print(
+            f"paired reward difference B - A on {t.harness}: {t.diff:+.3f} "
+            f"(95% bootstrap CI [{t.low:+.3f}, {t.high:+.3f}], n={t.n} episodes)"
+        )
+    for note in comparison.notes:
+        print(f"note: the runs differ in {note}")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from toolgym.training.export import export_from_checkpoint
+
+    path = export_from_checkpoint(args.run_dir, keep=args.keep)
+    print(f"export written to {path}; evaluate it: toolgym eval --policy run:{args.run_dir} ...")
     return 0
 
 
 def cmd_play(args: argparse.Namespace) -> int:
-    from toolgym.registry import make
+    from toolgym.registry import check_id, make
 
     _import_modules(args.imports)
-    env = make(args.env, **_env_kwargs(args.env_arg))
+    check_id(args.env)
+    try:
+        env = make(args.env, **_env_kwargs(args.env_arg, args.env))
+    except TypeError as exc:
+        raise ConfigError(f"{args.env} rejected its arguments ({exc}); fix the --env-arg values") from exc
     options = {"task_id": args.task_id} if args.task_id else None
     obs, info = env.reset(seed=args.seed, options=options)
     names = info["allowed_tools"]
