@@ -156,6 +156,9 @@ class GRPOConfig:
         rollout_workers: groups generated concurrently.
         queue_size: finished groups buffered between the workers and the learner.
         micro_batch: sequences per forward/backward pass in the learner.
+        share_prefix: compute each group's common prompt prefix once per step and score only each
+            sample's suffix against it (same logprobs and gradient up to float rounding, several times
+            less compute); ``false`` runs every sequence in full (the control the learner bench uses).
         checkpoint_every: steps between checkpoints (0 = only at the end).
         seed: seeds task order, sampling, the model init (``tiny``) and the curriculum.
         format_credit: optional shaped credit added to the verifier's reward for the learner only
@@ -182,6 +185,7 @@ class GRPOConfig:
     rollout_workers: int = 2
     queue_size: int = 4
     micro_batch: int = 4
+    share_prefix: bool = True
     checkpoint_every: int = 1
     seed: int = 0
     format_credit: float = 0.0

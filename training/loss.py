@@ -22,6 +22,7 @@ __all__ = [
     "check_token_receipt",
     "clipped_pg_loss",
     "k3_kl",
+    "mismatch_kl",
     "token_logprobs",
 ]
 
@@ -59,6 +60,18 @@ def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     """
     r = logp_ref - logp
     return torch.exp(r) - r - 1.0
+
+
+def mismatch_kl(
+    logp_behaviour: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, num_tokens: int
+) -> float:
+    """How far the learner's distribution is from the one that sampled: k3 KL over mask-1 tokens.
+
+    A diagnostic (no gradient), divided by the step's token count like the loss, so that micro-batch
+    values add up to the step's value.
+    """
+    with torch.no_grad():
+        return float((k3_kl(logp_behaviour, logp.detach()) * mask).sum()) / max(num_tokens, 1)
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,9 @@ from typing import Any
 import torch
 
 from toolgym.agents.harness import get_harness
-from toolgym.core import SamplingParams, Trajectory
+from toolgym.core import SamplingParams
 from toolgym.errors import ConfigError
-from toolgym.training.advantages import group_advantages
+from toolgym.training.batching import LossSums, micro_batches, pack_batch, plan_step
 from toolgym.training.checkpoint import (
     capture_rng,
     load_checkpoint,
@@ -55,10 +55,12 @@ from toolgym.training.checkpoint import (
 )
 from toolgym.training.config import TrainConfig, load_config, to_dict
 from toolgym.training.curriculum import ToolCurriculum
-from toolgym.training.loss import check_token_receipt, clipped_pg_loss, k3_kl, token_logprobs
+from toolgym.training.loss import check_token_receipt, clipped_pg_loss, mismatch_kl
+from toolgym.training.prefix import SequenceScorer
+from toolgym.training.rewards import shaped_reward
 from toolgym.training.rollouts import Group, GroupSampler, RolloutWorkers, env_factory, make_env
 
-__all__ = ["Trainer", "build_policy", "train_command"]
+__all__ = ["Trainer", "build_policy", "shaped_reward", "train_command"]  # shaped_reward: re-exported
 
 log = logging.getLogger(__name__)
 
@@ -114,30 +116,6 @@ def learner_model(model_dir: str | Path, device: str = "cpu") -> torch.nn.Module
         raise ConfigError(f"policy.learner_device = {device!r} but torch sees no CUDA device")
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     return model.to(device).eval()
-
-
-def shaped_reward(trajectory: Trajectory, format_credit: float, answer_tool: str) -> float:
-    """The reward the learner optimises: the environment's (verifier's) reward plus optional credit.
-
-    With ``format_credit = c > 0`` an episode earns ``c / 2`` for ending through the ``answer_tool``
-    call and ``c / 2`` for at least one successful non-terminal tool call, both only when no turn had a
-    parse error. This is a documented training aid for small models that first need to learn the call
-    format; the trajectory's own ``reward`` stays the verifier's and is what ``reward/mean`` reports.
-    """
-    if format_credit == 0.0 or trajectory.status == "infra_error":
-        return trajectory.reward
-    m = trajectory.metrics
-    if m.get("env/parse_errors", 0.0) > 0:
-        return trajectory.reward
-    answered = m.get(f"tool/{answer_tool}/calls", 0.0) > 0
-    used = any(
-        k.endswith("/calls")
-        and k.startswith("tool/")
-        and k != f"tool/{answer_tool}/calls"
-        and v > m.get(k[: -len("calls")] + "errors", 0.0)
-        for k, v in m.items()
-    )
-    return trajectory.reward + format_credit * (0.5 * answered + 0.5 * used)
 
 
 class Trainer:
@@ -339,67 +317,51 @@ class Trainer:
         return groups, staleness
 
     def _learn(self, groups: Sequence[Group]) -> dict[str, Any]:
-        """One optimizer step on the groups' mask-1 tokens (runs in a thread; the workers keep sampling)."""
+        """One optimizer step on the groups' mask-1 tokens (runs in a thread; the workers keep sampling).
+
+        Plan the step (learner rewards -> group advantages -> the samples that train), accumulate the
+        clipped loss's gradient micro-batch by micro-batch, then clip, step and sync the weights. With
+        ``train.share_prefix`` each group is scored on its own, its shared prompt prefix computed once
+        (:mod:`toolgym.training.prefix`: same logprobs and gradient, a fraction of the compute);
+        without it the step's samples stream through micro-batches in order, each a full forward pass.
+        """
         tc = self.config.train
-        rows: list[tuple[Trajectory, float]] = []
-        advantages: list[list[float]] = []
-        zero_var = 0
-        for group in groups:
-            usable = [t for t in group.trajectories if t.status != "infra_error"]
-            # the learner's reward: the verifier's plus the optional documented format credit
-            learner_rewards = [shaped_reward(t, tc.format_credit, tc.answer_tool) for t in usable]
-            adv = (
-                group_advantages(learner_rewards, normalize_std=tc.normalize_std) if len(usable) >= 2 else []
-            )
-            by_id = {id(t): a for t, a in zip(usable, adv, strict=True)}
-            advantages.append([by_id.get(id(t), 0.0) for t in group.trajectories])
-            if tc.skip_zero_variance and all(a == 0.0 for a in adv):
-                zero_var += 1
-                continue
-            rows.extend((t, by_id[id(t)]) for t in usable)
-        for trajectory, _ in rows:
-            check_token_receipt(trajectory)
-        total = sum(sum(t.loss_mask) for t, _ in rows)
-        out: dict[str, Any] = {
-            "advantages": advantages,
-            "zero_variance": zero_var,
-            "trained": {id(t) for t, _ in rows},
-        }
+        plan = plan_step(
+            [g.trajectories for g in groups],
+            format_credit=tc.format_credit,
+            answer_tool=tc.answer_tool,
+            normalize_std=tc.normalize_std,
+            skip_zero_variance=tc.skip_zero_variance,
+        )
+        for sample in plan.samples:
+            check_token_receipt(sample.trajectory)
+        total = plan.tokens  # every micro-batch's loss is divided by the step's token count
+        sums = LossSums()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "mismatch_kl": 0.0}
-        temperature = self.config.sampling.temperature
-        for start in range(0, len(rows), tc.micro_batch):
-            chunk = rows[start : start + tc.micro_batch]
-            seqs = [t.token_ids for t, _ in chunk]
-            logp, _ = token_logprobs(self.model, seqs, temperature=temperature)
-            shape = logp.shape
-            behaviour, mask = torch.zeros(shape, device=logp.device), torch.zeros(shape, device=logp.device)
-            for i, (t, _) in enumerate(chunk):
-                behaviour[i, : len(t.logprobs)] = torch.tensor(t.logprobs, device=logp.device)
-                mask[i, : len(t.loss_mask)] = torch.tensor(
-                    t.loss_mask, dtype=torch.float32, device=logp.device
+        for unit in plan.groups if tc.share_prefix else (plan.samples,):
+            seqs = [s.trajectory.token_ids for s in unit]
+            scoring = {"temperature": self.config.sampling.temperature, "share_prefix": tc.share_prefix}
+            policy = SequenceScorer(self.model, seqs, **scoring)
+            reference = None
+            if self.reference is not None:  # the KL's reference model: scored the same way, no graph
+                reference = SequenceScorer(self.reference, seqs, grad=False, **scoring)
+            for chunk in micro_batches(unit, tc.micro_batch):
+                batch = pack_batch(chunk, device=policy.device)
+                logp = policy.logprobs(batch.sequences)
+                terms = clipped_pg_loss(
+                    logp,
+                    batch.behaviour,
+                    batch.advantages,
+                    batch.mask,
+                    clip_low=tc.clip_low,
+                    clip_high=tc.clip_high,
+                    kl_coef=tc.kl_coef,
+                    logp_ref=None if reference is None else reference.logprobs(batch.sequences),
+                    num_tokens=total,
                 )
-            ref = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref, _ = token_logprobs(self.reference, seqs, temperature=temperature)
-            terms = clipped_pg_loss(
-                logp,
-                behaviour,
-                torch.tensor([a for _, a in chunk], device=logp.device),
-                mask,
-                clip_low=tc.clip_low,
-                clip_high=tc.clip_high,
-                kl_coef=tc.kl_coef,
-                logp_ref=ref,
-                num_tokens=total,
-            )
-            terms.loss.backward()
-            with torch.no_grad():
-                # mismatch: how far the learner's distribution is from the one that sampled (k3)
-                sums["mismatch_kl"] += float((k3_kl(behaviour, logp.detach()) * mask).sum()) / max(total, 1)
-            for key in ("pg", "kl", "clip_frac", "ratio_mean"):
-                sums[key] += getattr(terms, key)
+                terms.loss.backward()
+                sums = sums.add(terms, mismatch_kl(batch.behaviour, logp, batch.mask, total))
+            policy.backward()  # the shared prefix's share of the gradient, once per group
         grad_norm = 0.0
         sync: dict[str, float] = {}
         # NOTE (weight sync): an hf/tiny policy samples from this very module; the update and the
@@ -407,7 +369,7 @@ class Trainer:
         # A vLLM engine is updated in place (its load_weights sets policy_version); completions that
         # span the reload report their oldest version, so staleness stays conservative.
         with self._weights_lock:
-            if rows:
+            if plan.samples:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
                 self.optimizer.step()
             if self.weight_sync is not None:
@@ -415,8 +377,15 @@ class Trainer:
             else:
                 self.policy.policy_version += 1
         self.optimizer.zero_grad(set_to_none=True)
-        out.update(sums, grad_norm=grad_norm, tokens=total, sync=sync)
-        return out
+        return {
+            "advantages": plan.advantages,
+            "zero_variance": plan.zero_variance,
+            "trained": {id(s.trajectory) for s in plan.samples},
+            **sums.as_dict(),
+            "grad_norm": grad_norm,
+            "tokens": total,
+            "sync": sync,
+        }
 
     # ------------------------------------------------------------------ logging
     def _metrics(

@@ -1,4 +1,5 @@
-"""Exact-value tests of the pure training math: advantages, the clipped loss, k3 KL, token receipts."""
+"""Exact-value tests of the pure training math: advantages, the clipped loss, k3 KL, token receipts, and
+the learner's bookkeeping (shaped rewards, step plans, micro-batches, packed tensors, metric sums)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,22 @@ import torch
 
 from toolgym.core import Trajectory, sampled_ids_hash
 from toolgym.training.advantages import group_advantages
-from toolgym.training.loss import TokenFidelityError, check_token_receipt, clipped_pg_loss, k3_kl
+from toolgym.training.batching import (
+    LossSums,
+    Sample,
+    common_prefix_length,
+    micro_batches,
+    pack_batch,
+    plan_step,
+)
+from toolgym.training.loss import (
+    TokenFidelityError,
+    check_token_receipt,
+    clipped_pg_loss,
+    k3_kl,
+    mismatch_kl,
+)
+from toolgym.training.rewards import shaped_reward
 
 
 def test_group_advantages_normalised_exact() -> None:
@@ -143,3 +159,95 @@ def test_receipt_rejects_length_mismatch() -> None:
     traj = _trajectory((1, 2), (0, 1))
     with pytest.raises(TokenFidelityError, match="equal lengths"):
         check_token_receipt(replace(traj, logprobs=(0.0,)))
+
+
+# ----------------------------------------------------------------- the learner's bookkeeping
+
+
+def _scored(reward: float, *, status: str = "ok", n: int = 3, metrics: dict | None = None) -> Trajectory:
+    ids = tuple(range(10, 10 + n))
+    mask = (0,) + (1,) * (n - 1)
+    return replace(
+        _trajectory(ids, mask),
+        reward=reward,
+        status=status,
+        metrics=metrics or {},
+        logprobs=(0.0,) + tuple(-0.5 * (i + 1) for i in range(n - 1)),
+    )
+
+
+def test_shaped_reward_values_and_trainer_reexport() -> None:
+    from toolgym.training import trainer
+
+    good = {"tool/answer/calls": 1.0, "tool/search/calls": 2.0, "tool/search/errors": 1.0}
+    assert shaped_reward(_scored(0.25, metrics=good), 0.5, "answer") == 0.25 + 0.5
+    assert shaped_reward(_scored(0.25, metrics={"tool/answer/calls": 1.0}), 0.5, "answer") == 0.25 + 0.25
+    failed = {"tool/answer/calls": 1.0, "tool/search/calls": 1.0, "tool/search/errors": 1.0}
+    assert shaped_reward(_scored(0.0, metrics=failed), 0.5, "answer") == 0.25
+    assert shaped_reward(_scored(0.0, metrics=good | {"env/parse_errors": 1.0}), 0.5, "answer") == 0.0
+    assert shaped_reward(_scored(1.0, metrics=good), 0.0, "answer") == 1.0
+    assert trainer.shaped_reward is shaped_reward
+
+
+def test_plan_step_advantages_infra_errors_and_zero_variance() -> None:
+    a, b, broken = _scored(1.0), _scored(0.0, n=5), _scored(0.0, status="infra_error")
+    flat1, flat2 = _scored(0.5), _scored(0.5)
+    alone = _scored(1.0)
+    plan = plan_step([[a, broken, b], [flat1, flat2], [alone, _scored(0.0, status="infra_error")]])
+    # group 0: rewards [1, 0] -> ±1 / (0.5 + 1e-6); the infra_error sample gets 0 and never trains
+    assert plan.advantages[0] == (0.5 / (0.5 + 1e-6), 0.0, -0.5 / (0.5 + 1e-6))
+    assert plan.advantages[1] == (0.0, 0.0) and plan.advantages[2] == (0.0, 0.0)
+    assert plan.zero_variance == 2  # the equal-reward group and the single-usable-sample group
+    assert [[s.trajectory for s in g] for g in plan.groups] == [[a, b]]
+    assert [s.advantage for s in plan.samples] == [plan.advantages[0][0], plan.advantages[0][2]]
+    assert plan.tokens == 2 + 4
+    kept = plan_step([[flat1, flat2], [alone]], normalize_std=False, skip_zero_variance=False)
+    assert kept.zero_variance == 0 and [len(g) for g in kept.groups] == [2, 1]
+    assert [s.advantage for s in kept.samples] == [0.0, 0.0, 0.0]
+
+
+def test_plan_step_uses_the_shaped_reward() -> None:
+    answered = _scored(0.0, metrics={"tool/answer/calls": 1.0})
+    silent = _scored(0.0)
+    assert plan_step([[answered, silent]]).zero_variance == 1
+    plan = plan_step([[answered, silent]], format_credit=1.0, normalize_std=False)
+    assert plan.advantages == ((0.25, -0.25),)
+
+
+def test_micro_batches_and_common_prefix_length() -> None:
+    samples = [Sample(_scored(0.0), float(i)) for i in range(5)]
+    chunks = micro_batches(samples, 2)
+    assert [[s.advantage for s in c] for c in chunks] == [[0.0, 1.0], [2.0, 3.0], [4.0]]
+    with pytest.raises(ValueError, match=">= 1"):
+        micro_batches(samples, 0)
+    assert common_prefix_length([[1, 2, 3, 4], [1, 2, 3, 9], [1, 2, 3]]) == 3
+    assert common_prefix_length([[1, 2], [1, 2]]) == 2
+    assert common_prefix_length([[5, 2], [1, 2]]) == 0
+    assert common_prefix_length([[1, 2, 3]]) == 3 and common_prefix_length([]) == 0
+
+
+def test_pack_batch_exact_tensors() -> None:
+    short = replace(_trajectory((7, 8, 9), (0, 1, 1)), logprobs=(0.0, -0.25, -0.5))
+    long = replace(_trajectory((7, 8, 1, 2, 3), (0, 0, 1, 0, 1)), logprobs=(0.0, 0.0, -1.0, 0.0, -2.0))
+    batch = pack_batch([Sample(short, 1.5), Sample(long, -0.5)])
+    assert batch.sequences == ((7, 8, 9), (7, 8, 1, 2, 3))
+    assert batch.behaviour.tolist() == [[0.0, -0.25, -0.5, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0, -2.0]]
+    assert batch.mask.tolist() == [[0.0, 1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 1.0]]
+    assert batch.mask.dtype == torch.float32 and batch.behaviour.dtype == torch.float32
+    assert batch.advantages.tolist() == [1.5, -0.5]
+    with pytest.raises(ValueError, match="at least one"):
+        pack_batch([])
+
+
+def test_loss_sums_and_mismatch_kl_add_up_over_micro_batches() -> None:
+    behaviour = torch.tensor([[0.0, math.log(0.5), math.log(0.25)]])
+    logp = torch.tensor([[-3.0, math.log(0.25), math.log(0.25)]], requires_grad=True)
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    # k3(behaviour -> learner) on token 1: r = log(0.25) - log(0.5); token 2 is 0; token 0 is masked out
+    expected = (0.5 - math.log(0.5) - 1) / 4
+    assert mismatch_kl(behaviour, logp, mask, 4) == pytest.approx(expected)
+    terms = clipped_pg_loss(logp, behaviour, torch.tensor([1.0]), mask, num_tokens=4)
+    sums = LossSums().add(terms, 0.125).add(terms, 0.25)
+    assert sums.pg == 2 * terms.pg and sums.clip_frac == 2 * terms.clip_frac
+    assert sums.ratio_mean == 2 * terms.ratio_mean and sums.kl == 0.0
+    assert sums.as_dict()["mismatch_kl"] == 0.375
