@@ -238,10 +238,17 @@ def _write_manifest(
         ],
         "dtype": dtype,
         "vocab_size": int(model.config.vocab_size),
-        "chat_tokens": {m: int(tokenizer.convert_tokens_to_ids(m)) for m in (IM_START, IM_END)},
+        "chat_tokens": {m: _token_id(tokenizer, m) for m in (IM_START, IM_END)},
         "files": files,
     }
     (directory / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of a special token, or ``None`` when the vocabulary lacks it (a non-ChatML model, which
+    the reader then refuses with that reason)."""
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    return int(ids[0]) if len(ids) == 1 else None
 
 
 def _fsync_tree(directory: Path) -> None:

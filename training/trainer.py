@@ -55,6 +55,7 @@ from toolgym.training.checkpoint import (
 )
 from toolgym.training.config import TrainConfig, load_config, to_dict
 from toolgym.training.curriculum import ToolCurriculum
+from toolgym.training.export import export_checkpoint
 from toolgym.training.loss import check_token_receipt, clipped_pg_loss, mismatch_kl
 from toolgym.training.prefix import SequenceScorer
 from toolgym.training.rewards import shaped_reward
@@ -278,6 +279,7 @@ class Trainer:
                     history.append(metrics)
                     if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 or self.step == tc.steps:
                         save_checkpoint(self.run_dir, self.state_dict())
+                        export_checkpoint(self.run_dir, self.model, self.policy, step=self.step)
                     progress.update(
                         bar, completed=self.step, description=f"reward {metrics['reward/mean']:.3f}"
                     )
