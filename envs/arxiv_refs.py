@@ -22,6 +22,15 @@ after the query paper (compared at the precision both dates know). ``search_pape
 ``k`` allowed results without a per-task index; ``read_paper`` answers a banned id exactly like an
 unknown one. Bibliography-only records are shown as parsed fields, never as the citing string.
 
+Splits (``split="train" | "test" | "all"``, default ``"all"``, the behaviour before splits existed):
+by query paper. Query papers are grouped when they are one collection record (versions of a paper)
+or when one copies the other's text (the near-duplicate rule above), so a paper and its copy never
+straddle the line; a group goes to ``test`` by the hash rule of :mod:`toolgym.splits` (namespace
+``ArxivRefs``, key ``paper:<smallest collection id of the group>``, test fraction
+:data:`TEST_FRACTION`), unless a corpus record carries its own ``"split"``. The collection and index
+stay whole in every split: they are the world the agent searches, not the tasks. Default data: 27
+train / 13 test tasks (49 groups of one paper each: no two sample papers copy each other).
+
 Decisions: collection ids are 10 hex digits (stable, copyable by a small model); the collection,
 tasks and index are built once per configuration per process.
 """
@@ -39,6 +48,7 @@ from toolgym.core import Completion, FunctionTool, Message, SamplingParams, Scor
 from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError, ToolCallError
 from toolgym.parsing import format_tool_call
+from toolgym.splits import SplitItem, assign_splits, check_split, label_tasks, select_split
 from toolgym.tools.papers import (
     Collection,
     PaperRecord,
@@ -63,6 +73,7 @@ __all__ = [
     "bm25_baseline",
     "build_tasks",
     "placeholder_queries",
+    "split_groups",
 ]
 
 DEFAULT_SECTIONS = (
@@ -72,6 +83,11 @@ DEFAULT_FALLBACK = r"introduction|motivation"
 DEFAULT_MAX_TURNS = 16
 MAX_K = 20
 EXCERPT_CHARS = 1_500
+#: Share of query-paper groups the hash rule puts in the test split (the same as SearchQA's; on the 40
+#: default tasks it gives 27 train / 13 test: enough test tasks to report a mean on).
+TEST_FRACTION = 0.25
+#: Namespace of the split hash (see :mod:`toolgym.splits`).
+SPLIT_NAMESPACE = "ArxivRefs"
 #: Longest baseline query (words): keeps each search call short enough for a small token budget.
 MAX_QUERY_WORDS = 32
 CONTEXT_START, CONTEXT_END = "<<<CONTEXT", "CONTEXT>>>"
@@ -191,10 +207,18 @@ def _later(date: tuple[int, int, int] | None, limit: tuple[int, int, int] | None
 
 
 def banned_ids(
-    collection: Collection, *, date_filter: bool, near_duplicate_threshold: float
+    collection: Collection,
+    *,
+    date_filter: bool,
+    near_duplicate_threshold: float,
+    dups: dict[str, set[str]] | None = None,
 ) -> dict[str, set[str]]:
-    """Per source paper: its own id, its near-duplicates and (optionally) records dated after it."""
-    dups = near_duplicates(collection, threshold=near_duplicate_threshold)
+    """Per source paper: its own id, its near-duplicates and (optionally) records dated after it.
+
+    ``dups`` is :func:`~toolgym.tools.papers.near_duplicates` at the threshold, when already computed.
+    """
+    if dups is None:
+        dups = near_duplicates(collection, threshold=near_duplicate_threshold)
     out = {}
     for paper in collection.papers:
         ban = {collection.paper_ids[paper.paper_id]} | dups[paper.paper_id]
@@ -202,6 +226,54 @@ def banned_ids(
             ban |= {r.id for r in collection.records.values() if _later(r.date, paper.date)}
         out[paper.paper_id] = ban
     return out
+
+
+def split_groups(collection: Collection, dups: dict[str, set[str]]) -> dict[str, str]:
+    """Per source paper id, its split grouping key: ``paper:<smallest collection id of its group>``.
+
+    Source papers share a group when they map to one collection record, or when one's record is a
+    near-duplicate (``dups``, per source paper) of the other: leakage happens between a paper and its
+    copy just as within one paper.
+    """
+    parent = {p.paper_id: p.paper_id for p in collection.papers}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    by_record: dict[str, list[str]] = {}
+    for paper in collection.papers:
+        by_record.setdefault(collection.paper_ids[paper.paper_id], []).append(paper.paper_id)
+    for paper in collection.papers:
+        linked = [collection.paper_ids[paper.paper_id], *sorted(dups.get(paper.paper_id, ()))]
+        for cid in linked:
+            for other in by_record.get(cid, ()):
+                a, b = find(paper.paper_id), find(other)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    smallest: dict[str, str] = {}
+    for paper in collection.papers:
+        root, cid = find(paper.paper_id), collection.paper_ids[paper.paper_id]
+        smallest[root] = min(smallest.get(root, cid), cid)
+    return {p.paper_id: f"paper:{smallest[find(p.paper_id)]}" for p in collection.papers}
+
+
+def label_splits(collection: Collection, tasks: list[Task], dups: dict[str, set[str]]) -> list[Task]:
+    """``tasks`` with ``metadata["split"]`` set by query-paper group (see the module docstring).
+
+    Every source paper takes part, even one without a task, so that its own ``split`` field still
+    binds the papers it is grouped with.
+
+    Raises:
+        ConfigError: papers of one group carry different ``split`` fields.
+    """
+    keys = split_groups(collection, dups)
+    items = [SplitItem(keys[p.paper_id], p.split, p.where) for p in collection.papers]
+    labels = assign_splits(items, namespace=SPLIT_NAMESPACE, test_fraction=TEST_FRACTION)
+    of_paper = {p.paper_id: label for p, label in zip(collection.papers, labels, strict=True)}
+    return label_tasks(tasks, [of_paper[t.metadata["paper_id"]] for t in tasks])
 
 
 # ----------------------------------------------------------------------------- verifier
@@ -277,10 +349,14 @@ def _shared(corpus: Path, backend: str, rule: ContextRule, date_filter: bool, th
             from toolgym.tools.index import build_index
 
             collection = build_collection(load_papers(corpus))
-            banned = banned_ids(collection, date_filter=date_filter, near_duplicate_threshold=threshold)
+            dups = near_duplicates(collection, threshold=threshold)
+            banned = banned_ids(
+                collection, date_filter=date_filter, near_duplicate_threshold=threshold, dups=dups
+            )
             tasks, stats = build_tasks(collection, rule, banned)
             if not tasks:
                 raise ConfigError(f"{corpus}: no paper has a cited context under the section rule {rule}")
+            tasks = label_splits(collection, tasks, dups)
             index = build_index((r.index_doc() for r in collection.records.values()), backend=backend)
             _SHARED[key] = _Shared(collection, tasks, stats, banned, index)
         return _SHARED[key]
@@ -325,6 +401,9 @@ class ArxivRefsEnv(ToolEnv):
         date_filter: hide records dated after the query paper.
         near_duplicate_threshold: n-gram overlap at which a record counts as a copy of the query.
         max_turns: assistant turns before truncation.
+        split: ``"train"``, ``"test"`` or ``"all"`` (default, the behaviour before splits existed);
+            by query paper, see the module docstring. The collection and index are the same in every
+            split.
     """
 
     description = (
@@ -342,9 +421,11 @@ class ArxivRefsEnv(ToolEnv):
         date_filter: bool = True,
         near_duplicate_threshold: float = 0.3,
         max_turns: int = DEFAULT_MAX_TURNS,
+        split: str = "all",
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
+        check_split(split)
         if not 0.0 < near_duplicate_threshold <= 1.0:
             raise ConfigError(f"near_duplicate_threshold must be in (0, 1], got {near_duplicate_threshold}")
         rule = ContextRule(sections, fallback_sections, max_context_chars)
@@ -355,13 +436,19 @@ class ArxivRefsEnv(ToolEnv):
             )
         self._shared = _shared(path, backend, rule, date_filter, near_duplicate_threshold)
         self.collection = self._shared.collection
-        self.tasks = list(self._shared.tasks)
+        self.selection = select_split(self._shared.tasks, split)
+        self.split = split
+        self.tasks = list(self.selection.tasks)
         self.verifier = CitationF1Verifier(self.collection)
 
     @property
     def stats(self) -> dict[str, int]:
         """Collection counts and citation-linking counts of this configuration."""
         return {**self.collection.counts(), **self._shared.stats, "tasks": len(self.tasks)}
+
+    def _choose_task(self, options: dict[str, Any]) -> Task:
+        self.selection.check_options(options)  # a task id of the other split: say so
+        return super()._choose_task(options)
 
     def banned_for(self, task: Task) -> set[str]:
         """Collection ids the tools of ``task`` never return."""

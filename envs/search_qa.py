@@ -10,6 +10,15 @@ paragraphs, plus 10,033 Wikipedia lead paragraphs as distractors. Bring your own
 ``gymnasium.make("toolgym/SearchQA-v0", corpus="docs.jsonl", questions="qs.jsonl")``; the formats are
 in environments.md.
 
+Splits (``split="train" | "test" | "all"``, default ``"all"``): questions are grouped by the document
+that answers them (``gold_doc``), so two questions about one paragraph never straddle the line; a group
+goes to ``test`` by the hash rule of :mod:`toolgym.splits` (namespace ``SearchQA``, key
+``doc:<gold_doc>``, test fraction :data:`TEST_FRACTION`). Default data: 924 train / 266 test
+questions (187 / 53 paragraphs). A question record may carry its own ``"split"``; a record without
+``gold_doc`` is its own group (key ``question:<id>``). The default is ``"all"`` so that existing
+configurations, which pick task ids from the full set, keep working unchanged; train on ``"train"``
+and report on ``"test"``.
+
 Decisions: document ids are short (``xq0042``, ``wk01234``) so that a small model can copy them; the
 index is built once per (corpus, backend) and cached on disk by the index layer, and shared by all
 environments of a process.
@@ -29,10 +38,18 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.core import FunctionTool, Message, Score, Task, Tool
-from toolgym.data import read_jsonl
+from toolgym.data import iter_records
 from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError, ToolCallError, did_you_mean
 from toolgym.parsing import format_tool_call
+from toolgym.splits import (
+    SplitItem,
+    assign_splits,
+    check_split,
+    label_tasks,
+    record_split,
+    select_split,
+)
 
 __all__ = [
     "ExactMatchVerifier",
@@ -41,11 +58,16 @@ __all__ = [
     "default_questions",
     "f1_score",
     "normalize_answer",
+    "split_key",
 ]
 
 METRICS = ("em", "f1")
 MAX_K = 10
 SNIPPET_CHARS = 240
+#: Share of question groups (documents) the hash rule puts in the test split.
+TEST_FRACTION = 0.25
+#: Namespace of the split hash (see :mod:`toolgym.splits`).
+SPLIT_NAMESPACE = "SearchQA"
 PROMPT = "Question: {question}\nSearch the documents to find the answer, then call the answer tool with a short answer."
 
 
@@ -116,8 +138,23 @@ def default_corpus() -> list[dict[str, str]]:
     return docs
 
 
+def split_key(task: Task) -> str:
+    """The grouping key of a question: ``doc:<gold_doc>``, or ``question:<id>`` without a gold document."""
+    gold = task.metadata.get("gold_doc")
+    return f"doc:{gold}" if gold is not None else f"question:{task.id}"
+
+
+def _label(tasks: list[Task], explicit: Sequence[str | None], where: Sequence[str]) -> list[Task]:
+    items = [SplitItem(split_key(t), e, w) for t, e, w in zip(tasks, explicit, where, strict=True)]
+    return label_tasks(tasks, assign_splits(items, namespace=SPLIT_NAMESPACE, test_fraction=TEST_FRACTION))
+
+
 def default_questions() -> list[Task]:
-    """XQuAD-en questions; ``metadata["gold_doc"]`` is the paragraph that answers each."""
+    """XQuAD-en questions, labelled with their split.
+
+    ``metadata["gold_doc"]`` is the paragraph that answers each, and ``metadata["split"]`` its split
+    (see the module docstring).
+    """
     data = json.loads((_data_dir() / "xquad.en.json").read_text(encoding="utf-8"))
     tasks, para = [], 0
     for article in data["data"]:
@@ -133,15 +170,14 @@ def default_questions() -> list[Task]:
                     )
                 )
             para += 1
-    return tasks
+    return _label(tasks, [None] * len(tasks), [""] * len(tasks))
 
 
 def _load_questions(path: str | Path) -> list[Task]:
-    tasks = []
-    seen: set[str] = set()
-    for lineno, record in enumerate(
-        read_jsonl(path, required=("id", "question", "answers"), kind="question"), 1
-    ):
+    tasks, explicit, places = [], [], []
+    seen: dict[str, str] = {}
+    for lineno, record in iter_records(path, required=("id", "question", "answers"), kind="question"):
+        where = f"{path}:{lineno}"
         answers = record["answers"]
         if isinstance(answers, str):
             answers = [answers]
@@ -151,23 +187,41 @@ def _load_questions(path: str | Path) -> list[Task]:
             or not all(isinstance(a, str) and a.strip() for a in answers)
         ):
             raise ConfigError(
-                f"{path}: record {lineno} (id {record['id']!r}): 'answers' must be a non-empty list of strings"
+                f"{where}: question {record['id']!r}: 'answers' must be a non-empty list of strings"
             )
         if str(record["id"]) in seen:
-            raise ConfigError(f"{path}: record {lineno}: duplicate question id {record['id']!r}")
-        seen.add(str(record["id"]))
-        meta = {k: v for k, v in record.items() if k not in ("id", "answers")}
+            raise ConfigError(
+                f"{where}: duplicate question id {record['id']!r} (first used at {seen[str(record['id'])]})"
+            )
+        seen[str(record["id"])] = where
+        gold = record.get("gold_doc")
+        if gold is not None and (isinstance(gold, bool) or not isinstance(gold, str | int)):
+            raise ConfigError(
+                f"{where}: 'gold_doc' must be a document id (a string), got {type(gold).__name__}"
+            )
+        meta = {k: v for k, v in record.items() if k not in ("id", "answers", "split")}
+        if gold is not None:
+            meta["gold_doc"] = str(gold)
         tasks.append(Task(str(record["id"]), PROMPT.format(question=record["question"]), answers, meta))
+        explicit.append(record_split(record.get("split"), where))
+        places.append(where)
     if not tasks:
         raise ConfigError(f"{path}: no questions")
-    return tasks
+    return _label(tasks, explicit, places)
 
 
 def _load_corpus(path: str | Path) -> list[dict[str, str]]:
-    docs = [
-        {"id": str(r["id"]), "title": str(r.get("title", "")), "text": str(r["text"])}
-        for r in read_jsonl(path, required=("id", "text"), kind="document")
-    ]
+    docs = []
+    seen: dict[str, int] = {}
+    for lineno, r in iter_records(path, required=("id", "text"), kind="document"):
+        doc_id = str(r["id"])
+        if doc_id in seen:
+            raise ConfigError(
+                f"{path}:{lineno}: duplicate document id {doc_id!r} (first used at line {seen[doc_id]}); "
+                "ids must be unique"
+            )
+        seen[doc_id] = lineno
+        docs.append({"id": doc_id, "title": str(r.get("title", "")), "text": str(r["text"])})
     if not docs:
         raise ConfigError(f"{path}: no documents")
     return docs
@@ -193,7 +247,11 @@ class SearchQAEnv(ToolEnv):
 
     Args:
         corpus: JSONL of ``{"id", "title", "text"}`` documents; default: XQuAD + Wikipedia.
-        questions: JSONL of ``{"id", "question", "answers": [...]}``; default: XQuAD-en.
+        questions: JSONL of ``{"id", "question", "answers": [...]}`` (optional ``gold_doc``, ``split``);
+            default: XQuAD-en. Required with ``corpus``: the built-in questions are about the
+            built-in documents, so scoring them against another corpus would be silently wrong.
+        split: ``"train"``, ``"test"`` or ``"all"`` (default, the behaviour before splits existed);
+            see the module docstring for the rule.
         backend: search backend, ``"default"`` (in-process BM25) or ``"pyserini"`` (Lucene).
         metric: ``"em"`` (default) or ``"f1"`` as the reward; both are logged.
         max_turns: assistant turns before truncation.
@@ -207,6 +265,7 @@ class SearchQAEnv(ToolEnv):
         corpus: str | Path | None = None,
         questions: str | Path | None = None,
         *,
+        split: str = "all",
         backend: str = "default",
         metric: str = "em",
         max_turns: int = 6,
@@ -216,7 +275,18 @@ class SearchQAEnv(ToolEnv):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         self.show_demonstration = demonstration
         self.verifier = ExactMatchVerifier(metric)
-        self.tasks = _load_questions(questions) if questions is not None else default_questions()
+        check_split(split)
+        if corpus is not None and questions is None:
+            raise ConfigError(
+                f"corpus={str(corpus)!r} was given without questions=: the built-in XQuAD questions "
+                "are about the built-in documents and would be scored against yours. Pass "
+                'questions=\'questions.jsonl\' (one {"id", "question", "answers"} per line, see '
+                "environments.md), or drop corpus= to use the built-in data"
+            )
+        tasks = _load_questions(questions) if questions is not None else default_questions()
+        self.selection = select_split(tasks, split)
+        self.split = split
+        self.tasks = list(self.selection.tasks)
         if corpus is None:
             self.index = _shared_index("default", backend, default_corpus)
         else:
@@ -226,6 +296,10 @@ class SearchQAEnv(ToolEnv):
 
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
         return self._tool_list
+
+    def _choose_task(self, options: dict[str, Any]) -> Task:
+        self.selection.check_options(options)  # a task id of the other split: say so
+        return super()._choose_task(options)
 
     def demonstration(self, allowed_tools: Sequence[str]) -> list[Message]:
         """One worked first turn on a question outside the data (turn off with ``demonstration=False``)."""

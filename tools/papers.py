@@ -14,6 +14,8 @@ Input format (one JSON object per line, ``.jsonl`` or ``.jsonl.gz``; unarXive, S
     ``abstract``     optional: a string or ``{"text": str}``.
     ``ref_entries``  optional: ``{id: {"type": "formula" | "figure" | "table", "latex": str}}``, used to
                      render ``{{formula:<id>}}`` markers.
+    ``split``        optional: ``"train"`` or ``"test"``, the paper's split as a query paper (see
+                     :mod:`toolgym.splits`); absent or ``null``: the environment's hash rule decides.
 
 A malformed record raises :class:`~toolgym.errors.ConfigError` naming ``file:line`` and the field.
 
@@ -45,7 +47,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from toolgym.data import json_error
 from toolgym.errors import ConfigError
+from toolgym.splits import record_split
 
 __all__ = [
     "BibEntry",
@@ -283,7 +287,10 @@ class BibEntry:
 
 @dataclass(frozen=True)
 class SourcePaper:
-    """A full-text paper read from the corpus (``where`` is ``file:line`` for error messages)."""
+    """A full-text paper read from the corpus (``where`` is ``file:line`` for error messages).
+
+    ``split`` is the record's own ``"train"``/``"test"`` label, or ``None`` when it gives none.
+    """
 
     paper_id: str
     title: str
@@ -295,6 +302,7 @@ class SourcePaper:
     formulas: Mapping[str, tuple[str, str]]
     doi: str | None
     where: str
+    split: str | None = None
 
 
 def _date_from_metadata(meta: Mapping[str, Any]) -> tuple[int, int, int] | None:
@@ -412,6 +420,7 @@ def _parse_record(record: Any, where: str) -> SourcePaper:
         formulas=formulas,
         doi=normalise_doi(meta.get("doi") or record.get("doi")),
         where=where,
+        split=record_split(record.get("split"), where),
     )
 
 
@@ -434,7 +443,7 @@ def load_papers(path: str | Path | None = None) -> list[SourcePaper]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+                    raise ConfigError(f"{where}: not valid JSON ({json_error(exc)})") from None
                 paper = _parse_record(record, where)
                 if paper.paper_id in seen:
                     raise ConfigError(

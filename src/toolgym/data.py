@@ -10,7 +10,12 @@ from typing import Any
 
 from toolgym.errors import ConfigError
 
-__all__ = ["iter_jsonl", "read_jsonl"]
+__all__ = ["iter_jsonl", "iter_records", "json_error", "read_jsonl"]
+
+
+def json_error(exc: json.JSONDecodeError) -> str:
+    """``exc`` as "<what> at column N" (some of Python's messages already end in "at": not repeated)."""
+    return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
 
 
 def iter_jsonl(path: str | Path, *, what: str = "file") -> Iterator[tuple[int, Any]]:
@@ -31,22 +36,21 @@ def iter_jsonl(path: str | Path, *, what: str = "file") -> Iterator[tuple[int, A
                 try:
                     yield lineno, json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ConfigError(
-                        f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
-                    ) from None
+                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({json_error(exc)})") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (OSError, EOFError) as exc:
         raise ConfigError(f"{path}: cannot read the {what} ({exc})") from None
 
 
-def read_jsonl(
+def iter_records(
     path: str | Path, *, required: Sequence[str] = (), kind: str = "record"
-) -> Iterator[dict[str, Any]]:
-    """Yield the JSON objects of a JSONL file (``.gz`` allowed), checking required keys.
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line number, JSON object)`` for each record of a JSONL file (``.gz`` allowed).
 
     Blank lines are skipped. A line that is not a JSON object, or lacks a required key, raises
-    :class:`~toolgym.errors.ConfigError` naming ``file:line`` and what was expected.
+    :class:`~toolgym.errors.ConfigError` naming ``file:line`` and what was expected. The line number
+    lets callers name ``file:line`` in their own checks (duplicate ids, bad field values).
     """
     for lineno, record in iter_jsonl(path):
         if not isinstance(record, dict):
@@ -58,4 +62,12 @@ def read_jsonl(
             raise ConfigError(
                 f"{path}:{lineno}: {kind} lacks {', '.join(map(repr, missing))} (each line needs {', '.join(required)})"
             )
+        yield lineno, record
+
+
+def read_jsonl(
+    path: str | Path, *, required: Sequence[str] = (), kind: str = "record"
+) -> Iterator[dict[str, Any]]:
+    """The JSON objects of :func:`iter_records`, without their line numbers."""
+    for _, record in iter_records(path, required=required, kind=kind):
         yield record

@@ -14,9 +14,17 @@ from toolgym.agents.harness import BareHarness
 from toolgym.agents.policy import ChatPolicy, ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams
-from toolgym.envs.arxiv_refs import ArxivRefsEnv, BM25BaselinePolicy, bm25_baseline, placeholder_queries
+from toolgym.envs.arxiv_refs import (
+    ArxivRefsEnv,
+    BM25BaselinePolicy,
+    bm25_baseline,
+    placeholder_queries,
+    split_groups,
+)
 from toolgym.errors import ConfigError, ToolCallError
 from toolgym.parsing import format_tool_call
+from toolgym.splits import hash_split
+from toolgym.tools.papers import near_duplicates
 
 ENV_ID = "toolgym/ArxivRefs-v0"
 
@@ -163,6 +171,82 @@ def test_malformed_corpus_names_file_and_line(tmp_path):
         corpus(tmp_path).read_text() + '{"paper_id": "x", "body_text": "oops", "bib_entries": {}}\n'
     )
     with pytest.raises(ConfigError, match=r"bad\.jsonl:4: 'body_text' must be a list"):
+        ArxivRefsEnv(path)
+
+
+def test_json_error_message_says_at_column_once(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"paper_id": "a\tb"}\n')
+    with pytest.raises(ConfigError) as caught:
+        ArxivRefsEnv(path)
+    assert str(caught.value) == f"{path}:1: not valid JSON (Invalid control character at column 16)"
+
+
+# ----------------------------------------------------------------------------- splits
+
+
+def with_fields(path, **by_paper):
+    """Rewrite a corpus file, adding top-level fields per paper id (``{"2201.00001": {"split": ...}}``)."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in records:
+        r.update(by_paper.get(r["paper_id"], {}))
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_own_corpus_split_field_then_hash_of_the_query_paper(tmp_path):
+    path = with_fields(corpus(tmp_path), **{"2201.00001": {"split": "test"}, "2112.00005": {"split": None}})
+    env = ArxivRefsEnv(path)
+    keys = split_groups(env.collection, near_duplicates(env.collection))
+    assert keys["2112.00005"] == f"paper:{env.collection.paper_ids['2112.00005']}"
+    expected = {
+        pid: "test"
+        if pid == "2201.00001"
+        else hash_split(keys[pid], namespace="ArxivRefs", test_fraction=0.25)
+        for pid in ("2201.00001", "2203.00009", "2112.00005")
+    }
+    assert {t.metadata["paper_id"]: t.metadata["split"] for t in env.tasks} == expected
+    test_env = ArxivRefsEnv(path, split="test")
+    assert sorted(t.metadata["paper_id"] for t in test_env.tasks) == sorted(
+        pid for pid, label in expected.items() if label == "test"
+    )
+
+
+def copycat_corpus(tmp_path):
+    copycat = record(
+        "2201.00077",
+        title="Totally new title",
+        date="2021-06-01",
+        body=[("Related Work", RELATED)],
+        bib=QUERY_BIB,
+    )
+    return corpus(tmp_path, [copycat])
+
+
+def test_a_paper_and_its_copy_share_a_split(tmp_path):
+    env = ArxivRefsEnv(copycat_corpus(tmp_path))
+    keys = split_groups(env.collection, near_duplicates(env.collection))
+    assert keys["2201.00001"] == keys["2201.00077"] != keys["2112.00005"]
+    assert task_of(env, "2201.00001").metadata["split"] == task_of(env, "2201.00077").metadata["split"]
+    labelled = ArxivRefsEnv(with_fields(copycat_corpus(tmp_path), **{"2201.00077": {"split": "test"}}))
+    assert task_of(labelled, "2201.00001").metadata["split"] == "test"
+
+
+def test_conflicting_split_fields_of_a_paper_and_its_copy(tmp_path):
+    path = with_fields(
+        copycat_corpus(tmp_path), **{"2201.00001": {"split": "train"}, "2201.00077": {"split": "test"}}
+    )
+    with pytest.raises(
+        ConfigError, match=r"corpus\.jsonl:4: split 'test' conflicts with split 'train' at .*corpus\.jsonl:1"
+    ):
+        ArxivRefsEnv(path)
+
+
+def test_bad_split_field_names_file_and_line(tmp_path):
+    path = with_fields(corpus(tmp_path), **{"2203.00009": {"split": "validation"}})
+    with pytest.raises(
+        ConfigError, match=r"corpus\.jsonl:2: 'split' must be \"train\" or \"test\", got 'validation'"
+    ):
         ArxivRefsEnv(path)
 
 

@@ -173,11 +173,109 @@ def test_malformed_questions_name_file_and_line(tmp_path, line, message):
         gymnasium.make(ENV_ID, questions=str(questions))
 
 
+def write_questions(tmp_path, records):
+    path = tmp_path / "qs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
 def test_malformed_corpus_names_file_and_line(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text('{"id": "a", "text": "ok"}\n{"id": "b"}\n')
+    questions = write_questions(tmp_path, [{"id": "q1", "question": "?", "answers": ["ok"]}])
     with pytest.raises(ConfigError, match=r"docs.jsonl:2: document lacks 'text'"):
+        gymnasium.make(ENV_ID, corpus=str(corpus), questions=questions)
+
+
+def test_duplicate_document_id_names_file_and_both_lines(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(
+        '{"id": "a", "text": "one"}\n\n{"id": "b", "text": "two"}\n{"id": "a", "text": "three"}\n'
+    )
+    questions = write_questions(tmp_path, [{"id": "q1", "question": "?", "answers": ["one"]}])
+    with pytest.raises(
+        ConfigError, match=r"docs\.jsonl:4: duplicate document id 'a' \(first used at line 1\)"
+    ):
+        gymnasium.make(ENV_ID, corpus=str(corpus), questions=questions)
+
+
+def test_corpus_without_questions_is_a_config_error(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('{"id": "a", "text": "The kiwi is a bird."}\n')
+    with pytest.raises(
+        ConfigError, match=r"without questions=: the built-in XQuAD questions .* Pass questions="
+    ):
         gymnasium.make(ENV_ID, corpus=str(corpus))
+
+
+def test_json_error_message_says_at_column_once(tmp_path):
+    questions = tmp_path / "qs.jsonl"
+    questions.write_text('{"id": "q1", "question": "tab\there", "answers": ["x"]}\n')
+    with pytest.raises(ConfigError) as caught:
+        gymnasium.make(ENV_ID, questions=str(questions))
+    assert str(caught.value) == f"{questions}:1: not valid JSON (Invalid control character at column 30)"
+
+
+def test_own_questions_split_by_field_then_by_gold_document(tmp_path):
+    from toolgym.splits import hash_split
+
+    records = [
+        {"id": "q1", "question": "?", "answers": ["x"], "gold_doc": "a", "split": "test"},
+        {"id": "q2", "question": "?", "answers": ["x"], "gold_doc": "a"},  # its group's label: test
+        {"id": "q3", "question": "?", "answers": ["x"], "gold_doc": "b", "split": None},
+        {"id": "q4", "question": "?", "answers": ["x"]},  # no gold document: its own group
+        {"id": "q5", "question": "?", "answers": ["x"], "gold_doc": "c", "split": "train"},
+    ]
+    questions = write_questions(tmp_path, records)
+    every = gymnasium.make(ENV_ID, questions=questions, split="all").unwrapped
+    labels = {t.id: t.metadata["split"] for t in every.tasks}
+    rule = {
+        key: hash_split(key, namespace="SearchQA", test_fraction=0.25) for key in ("doc:b", "question:q4")
+    }
+    assert labels == {
+        "q1": "test",
+        "q2": "test",
+        "q3": rule["doc:b"],
+        "q4": rule["question:q4"],
+        "q5": "train",
+    }
+    for split in ("train", "test"):
+        env = gymnasium.make(ENV_ID, questions=questions, split=split).unwrapped
+        assert [t.id for t in env.tasks] == [i for i, label in labels.items() if label == split]
+        env.close()
+    every.close()
+
+
+@pytest.mark.parametrize(
+    ("records", "message"),
+    [
+        (
+            [{"id": "q1", "question": "?", "answers": ["x"], "split": "dev"}],
+            r"qs\.jsonl:1: 'split' must be \"train\" or \"test\", got 'dev'",
+        ),
+        (
+            [
+                {"id": "q1", "question": "?", "answers": ["x"], "gold_doc": "a", "split": "train"},
+                {"id": "q2", "question": "?", "answers": ["x"], "gold_doc": "a", "split": "test"},
+            ],
+            r"qs\.jsonl:2: split 'test' conflicts with split 'train' at .*qs\.jsonl:1",
+        ),
+        (
+            [{"id": "q1", "question": "?", "answers": ["x"], "gold_doc": ["a"]}],
+            r"qs\.jsonl:1: 'gold_doc' must be a document id",
+        ),
+    ],
+)
+def test_bad_split_data_names_file_and_line(tmp_path, records, message):
+    with pytest.raises(ConfigError, match=message):
+        gymnasium.make(ENV_ID, questions=write_questions(tmp_path, records))
+
+
+def test_default_test_split_has_over_a_hundred_questions_on_unseen_paragraphs():
+    questions = default_questions()
+    test = [q for q in questions if q.metadata["split"] == "test"]
+    train_docs = {q.metadata["gold_doc"] for q in questions if q.metadata["split"] == "train"}
+    assert len(test) >= 100 and not train_docs & {q.metadata["gold_doc"] for q in test}
 
 
 def test_scripted_episode_through_the_rollout_on_both_tracks():
