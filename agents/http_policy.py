@@ -24,8 +24,8 @@ Decisions recorded here (each is part of the contract):
   own chat template (OpenAI ``tool`` messages would need call ids the text transcript does not have).
 * **Failures.** Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff
   (``backoff_s * 2**attempt``); when the retries run out the call raises
-  :class:`~toolgym.errors.BackendError` (an infrastructure error: the episode is ``infra_error``,
-  never scored). Other 4xx answers are configuration mistakes (wrong model name, bad parameter) and
+  :class:`~toolgym.errors.PolicyError` (an infrastructure error: the episode is ``infra_error``,
+  never scored). So does an answer that is not a chat completion. Other 4xx answers are configuration mistakes (wrong model name, bad parameter) and
   raise :class:`~toolgym.errors.ConfigError` with the server's message, without retrying.
 """
 
@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolgym.core import Completion, Message, SamplingParams
-from toolgym.errors import BackendError, ConfigError, MissingDependencyError
+from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
 from toolgym.parsing import CLOSE, OPEN
 
 __all__ = ["HTTPPolicy", "JsonLinesCodec", "openai_messages", "turn_text"]
@@ -231,7 +231,7 @@ class HTTPPolicy:
             choice = data["choices"][0]
             text = turn_text(choice["message"])
         except (KeyError, IndexError, TypeError) as exc:
-            raise BackendError(f"{self.url} answered without a chat completion: {str(data)[:200]}") from exc
+            raise PolicyError(f"{self.url} answered without a chat completion: {str(data)[:200]}") from exc
         finish = "length" if choice.get("finish_reason") == "length" else "stop"
         ids = JsonLinesCodec.encode_messages([{"role": "assistant", "content": text}])
         return Completion(
@@ -270,5 +270,5 @@ class HTTPPolicy:
                 try:
                     return response.json()
                 except ValueError as exc:
-                    raise BackendError(f"{self.url} answered with non-JSON: {response.text[:200]!r}") from exc
-        raise BackendError(f"{self.url} failed after {self.retries + 1} tries; last error: {last}")
+                    raise PolicyError(f"{self.url} answered with non-JSON: {response.text[:200]!r}") from exc
+        raise PolicyError(f"{self.url} failed after {self.retries + 1} tries; last error: {last}")

@@ -1,5 +1,12 @@
 """The rollout loop: the only code that runs a policy against an environment.
 
+Failures (the rule is in :mod:`toolgym.errors`): an :class:`~toolgym.errors.InfraError` raised by the
+environment (after its own bounded retries) or by the policy (:class:`~toolgym.errors.PolicyError`:
+its server or engine is gone) ends the episode as an ``infra_error`` trajectory: reward 0, never
+scored or trained on, the error's type and message in ``error``, ``env/infra_error = 1`` and the
+retries spent (``env/infra_retries``) in its metrics. Everything else (a verifier bug, a bug of ours,
+a configuration error) propagates: a run must stop on a bug, not train around it.
+
 NOTE (token fidelity): the loop keeps one growing token sequence per episode. The policy's sampled ids
 are appended exactly as sampled (mask 1, with their behaviour logprobs); environment and harness text
 is rendered and tokenised once, when it arrives, and appended with mask 0. Nothing is re-tokenised.
@@ -8,6 +15,7 @@ is rendered and tokenised once, when it arrives, and appended with mask 0. Nothi
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -20,6 +28,8 @@ from toolgym.core import Harness, Message, Policy, SamplingParams, Trajectory, s
 from toolgym.errors import InfraError
 
 __all__ = ["read_trajectories", "run_episode", "write_trajectories"]
+
+log = logging.getLogger(__name__)
 
 
 async def run_episode(
@@ -44,7 +54,8 @@ async def run_episode(
         max_total_tokens: the whole sequence's budget; reaching it truncates the episode.
         env_id: recorded in the trajectory (defaults to the env's spec id).
 
-    An :class:`~toolgym.errors.InfraError` ends the episode with status ``infra_error`` and no reward.
+    An :class:`~toolgym.errors.InfraError` (from the environment or the policy) ends the episode with
+    status ``infra_error`` and no reward; any other exception propagates (see the module docstring).
     """
     base = env.unwrapped
     sampling = sampling or SamplingParams()
@@ -103,6 +114,9 @@ async def run_episode(
             )
     except InfraError as exc:
         status, error, reward = "infra_error", f"{type(exc).__name__}: {exc}", 0.0
+        metrics.update(getattr(exc, "episode_metrics", None) or {})
+        metrics["env/infra_error"] = 1.0
+        log.warning("episode %s of %s ended as infra_error: %s", task_id or "?", env_id, error)
     sampled = sum(loss_mask)
     metrics.update({"tokens/sampled": float(sampled), "tokens/total": float(len(token_ids))})
     return Trajectory(
@@ -118,7 +132,8 @@ async def run_episode(
         reward=float(reward) if status == "ok" else 0.0,
         metrics=metrics,
         status=status,
-        policy_version=min(versions) if versions else 0,
+        # nothing sampled (a failure before the first turn): the weights it would have sampled with
+        policy_version=min(versions) if versions else int(getattr(policy, "policy_version", 0)),
         timings={"time/generate": t_generate, "time/env": t_env, "time/total": time.perf_counter() - t_start},
         token_hash=sampled_ids_hash(token_ids, loss_mask),
         error=error,

@@ -32,6 +32,10 @@ Decisions recorded here (each is part of the contract):
   completion that spans a weight update reports its *oldest* version as ``Completion.policy_version``
   (a conservative age for ``max_off_policy_steps``); each token's logprob is still exactly the one of
   the weights that sampled it, which is what the importance ratio needs.
+* **Failures.** An engine process that died (vLLM's ``EngineDeadError``, from this and every later
+  request) and an engine answer that is not a completion raise :class:`~toolgym.errors.PolicyError`
+  (infrastructure: the rollout makes the episode ``infra_error``). Bad prompts, sampling parameters
+  or a closed policy are :class:`~toolgym.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from toolgym.agents.hf_policy import HFTokenizer
 from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
 from toolgym.core import Completion, SamplingParams
-from toolgym.errors import BackendError, ConfigError, MissingDependencyError
+from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
 
 __all__ = ["VLLMPolicy", "WeightLoaderExtension", "require_vllm"]
 
@@ -182,6 +186,14 @@ def _shutdown(loop: _Loop, holder: dict[str, Any]) -> None:
     loop.stop()
 
 
+def _dead(exc: BaseException) -> PolicyError:
+    return PolicyError(
+        f"the vLLM engine process died ({type(exc).__name__}: {exc}); every later request fails too. "
+        "Fix: find the cause in the engine's log above (out of memory, killed), then rerun; a training "
+        "run resumes from its last checkpoint"
+    )
+
+
 class VLLMPolicy(ChatPolicy):
     """An in-process vLLM engine as a toolgym :class:`~toolgym.core.Policy` (see the module docstring).
 
@@ -227,8 +239,10 @@ class VLLMPolicy(ChatPolicy):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         self._vllm = vllm
+        self._engine_dead: type[BaseException] = EngineDeadError
         self.model_dir = resolve_model_dir(model)
         super().__init__(HFTokenizer(transformers.AutoTokenizer.from_pretrained(self.model_dir)))
         self.eos_token_id = self.tokenizer.eos_token_id
@@ -337,7 +351,7 @@ class VLLMPolicy(ChatPolicy):
         async for output in self.engine.generate({"prompt_token_ids": prompt}, params, request_id=request_id):
             final = output
         if final is None:
-            raise BackendError(f"vLLM returned no output for request {request_id}")
+            raise PolicyError(f"vLLM returned no output for request {request_id}")
         return final
 
     async def _generate(self, prompt: list[int], sampling: SamplingParams) -> Completion:
@@ -345,9 +359,9 @@ class VLLMPolicy(ChatPolicy):
         out = final.outputs[0]
         ids = [int(t) for t in out.token_ids]
         if out.finish_reason not in ("stop", "length"):
-            raise BackendError(f"vLLM ended the request with finish_reason={out.finish_reason!r}")
+            raise PolicyError(f"vLLM ended the request with finish_reason={out.finish_reason!r}")
         if out.logprobs is None or len(out.logprobs) != len(ids):
-            raise BackendError("vLLM returned no logprob for some sampled token")
+            raise PolicyError("vLLM returned no logprob for some sampled token")
         logprobs = [float(step[t].logprob) for step, t in zip(out.logprobs, ids, strict=True)]
         text_ids = ids[:-1] if ids and ids[-1] == self.eos_token_id else ids
         text = self.tokenizer.decode(text_ids)
@@ -365,7 +379,10 @@ class VLLMPolicy(ChatPolicy):
     async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
         """Continue ``token_ids``; concurrent calls share the engine's continuous batch."""
         prompt = self._check_prompt(token_ids)
-        return await asyncio.wrap_future(self.run(self._generate(prompt, sampling)))
+        try:
+            return await asyncio.wrap_future(self.run(self._generate(prompt, sampling)))
+        except self._engine_dead as exc:
+            raise _dead(exc) from exc
 
     async def generate_batch(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
@@ -390,7 +407,7 @@ class VLLMPolicy(ChatPolicy):
         final = await self._final(prompt, params)
         steps = final.prompt_logprobs
         if steps is None or len(steps) != len(prompt):
-            raise BackendError("vLLM returned no prompt logprobs")
+            raise PolicyError("vLLM returned no prompt logprobs")
         return [float(step[t].logprob) for step, t in zip(steps[1:], prompt[1:], strict=True)]
 
     async def score(self, token_ids: Sequence[int]) -> list[float]:
@@ -402,7 +419,10 @@ class VLLMPolicy(ChatPolicy):
         prompt = self._check_prompt(token_ids)
         if len(prompt) < 2:
             raise ConfigError("score() needs at least two tokens")
-        return await asyncio.wrap_future(self.run(self._score(prompt)))
+        try:
+            return await asyncio.wrap_future(self.run(self._score(prompt)))
+        except self._engine_dead as exc:
+            raise _dead(exc) from exc
 
     # ----------------------------------------------------------------- weights
     async def _load(
@@ -424,7 +444,7 @@ class VLLMPolicy(ChatPolicy):
         Blocking; call it from any thread but the engine's own loop (``await aload_weights`` from
         async code). ``mode`` is vLLM's pause mode for in-flight requests: ``keep`` (default) freezes
         them and re-prefills them with the new weights on resume; ``abort`` drops them (their callers
-        get a :class:`~toolgym.errors.BackendError`). Returns the worker's ``{"tensors", "seconds"}``.
+        get a :class:`~toolgym.errors.PolicyError`). Returns the worker's ``{"tensors", "seconds"}``.
         """
         path = Path(path)
         if not path.is_file():
@@ -439,7 +459,10 @@ class VLLMPolicy(ChatPolicy):
             )
         if version <= self.policy_version:
             raise ConfigError(f"version must grow: serving {self.policy_version}, asked to load {version}")
-        result = self.run(self._load(str(path), int(version), mode)).result()
+        try:
+            result = self.run(self._load(str(path), int(version), mode)).result()
+        except self._engine_dead as exc:
+            raise _dead(exc) from exc
         self.policy_version = int(version)
         logger.info("vLLM weights v%d loaded in %.2f s", version, result["seconds"])
         return result

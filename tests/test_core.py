@@ -31,3 +31,56 @@ def test_sampling_params_check(params, message):
 def test_default_sampling_params_are_valid():
     SamplingParams().check()
     SamplingParams(temperature=0.0, top_p=1.0, stop=("</tool_call>",)).check()
+
+
+# ------------------------------------------------------------------ the failure rule
+def test_retry_policy_default_and_back_off_schedule():
+    from toolgym.env import RetryPolicy, ToolEnv
+
+    policy = RetryPolicy()
+    assert (policy.retries, policy.backoff_s) == (2, 0.5)
+    assert [policy.delay(k) for k in range(3)] == [0.5, 1.0, 2.0]
+    assert ToolEnv().retry == policy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"), [({"retries": -1}, "retries must be"), ({"backoff_s": -0.1}, "back-off must be")]
+)
+def test_retry_policy_rejects_bad_values(kwargs, message):
+    from toolgym.env import RetryPolicy
+
+    with pytest.raises(ConfigError, match=message):
+        RetryPolicy(**kwargs)
+
+
+def test_every_error_type_sits_in_exactly_one_family():
+    from toolgym import errors
+    from toolgym.tools.sandbox import SandboxUnavailable
+
+    families = (
+        errors.ToolError,
+        errors.InfraError,
+        errors.RunStopped,
+        errors.ConfigError,
+        errors.VerifierError,
+    )
+    types = [getattr(errors, name) for name in errors.__all__ if isinstance(getattr(errors, name), type)]
+    types.append(SandboxUnavailable)
+    for cls in types:
+        if cls is errors.ToolgymError:
+            continue
+        assert sum(issubclass(cls, family) for family in families) == 1, cls
+    infra = {errors.SandboxError, SandboxUnavailable, errors.BackendError, errors.PolicyError}
+    assert all(issubclass(cls, errors.InfraError) for cls in infra | {errors.VerificationUnavailable})
+    assert not issubclass(errors.VerifierError, errors.InfraError)  # a verifier bug is never retried
+
+
+def test_infra_error_keeps_its_episode_metrics_across_pickling():
+    import pickle
+
+    from toolgym.errors import SandboxError
+
+    err = SandboxError("container died")
+    err.episode_metrics = {"env/infra_retries": 2.0}
+    copy = pickle.loads(pickle.dumps(err))  # how it crosses to the learner from a Ray actor
+    assert str(copy) == "container died" and copy.episode_metrics == {"env/infra_retries": 2.0}

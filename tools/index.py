@@ -319,6 +319,7 @@ class Index:
 
         Raises:
             UnknownDocument: no document has this id.
+            BackendError: the stored bytes are not UTF-8 (the files changed on disk after opening).
         """
         if self._positions is None:
             self._positions = {d: i for i, d in enumerate(self._ids)}
@@ -327,11 +328,14 @@ class Index:
             raise UnknownDocument(doc_id)
         start, mid, end = (int(x) for x in self._offsets[2 * pos : 2 * pos + 3])
         raw = self._store[start:end].tobytes() if self._store is not None else b""
-        return {
-            "id": doc_id,
-            "title": raw[: mid - start].decode("utf-8"),
-            "text": raw[mid - start :].decode("utf-8"),
-        }
+        try:
+            title, text = raw[: mid - start].decode("utf-8"), raw[mid - start :].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BackendError(
+                f"the index at {self._path} is corrupt: document {doc_id!r} is not UTF-8 ({exc}); its "
+                f"files changed after it was opened. {_fix_hint(self._path)}"
+            ) from None
+        return {"id": doc_id, "title": title, "text": text}
 
     def close(self) -> None:
         """Release backend resources (the Lucene reader); the object is unusable afterwards."""

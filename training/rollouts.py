@@ -4,6 +4,15 @@ NOTE (seeding): group ``g`` gets its task from a per-epoch permutation seeded by
 sample ``i`` gets episode seed ``SeedSequence([seed, g, i])``; both are pure functions of ``g``, so the
 data sampler's whole state is the index of the next group, and a resumed run draws exactly the groups
 the uninterrupted run would have drawn.
+
+Failures (the rule is in :mod:`toolgym.errors`). An episode whose environment or policy failed comes
+back as an ``infra_error`` trajectory (the environment has already retried the failing call); the
+group keeps its other samples, and the learner never trains on the failed ones. An environment that
+cannot even be made for an episode (an index that cannot be opened, say) gives an ``infra_error``
+trajectory too. :class:`InfraGuard` stops the run with :class:`~toolgym.errors.InfraDown` when the
+infrastructure stays down (``train.max_infra_groups`` consecutive groups with no usable sample), so a
+run whose engine is gone for good stops with a message instead of spinning; it resumes from its last
+checkpoint. Any other exception (a bug, a verifier bug) stops the run at once.
 """
 
 from __future__ import annotations
@@ -18,19 +27,31 @@ import numpy as np
 
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
-from toolgym.errors import ConfigError, did_you_mean
+from toolgym.env import RetryPolicy
+from toolgym.errors import ConfigError, InfraDown, InfraError, did_you_mean
 from toolgym.registry import register_all
 
-__all__ = ["Group", "GroupSampler", "RolloutWorkers", "env_factory", "make_env"]
+__all__ = ["Group", "GroupSampler", "InfraGuard", "RolloutWorkers", "env_factory", "make_env"]
+
+#: Keys of an environment's kwargs that ``make_env`` takes for the environment boundary's
+#: :class:`~toolgym.env.RetryPolicy` instead of passing them to the environment's constructor.
+RETRY_KWARGS = ("infra_retries", "infra_backoff_s")
 
 log = logging.getLogger(__name__)
 
 
 def make_env(env_id: str, kwargs: dict) -> gymnasium.Env:
-    """An environment by registered id only (never a concrete class), with "did you mean" on typos."""
+    """An environment by registered id only (never a concrete class), with "did you mean" on typos.
+
+    ``kwargs`` go to the environment, except ``infra_retries`` and ``infra_backoff_s``, which set the
+    environment boundary's :class:`~toolgym.env.RetryPolicy` (so ``env.kwargs.infra_retries=4`` works
+    for any toolgym environment, in-process or on Ray actors).
+    """
     register_all()
+    kwargs = dict(kwargs)
+    retry = {key.removeprefix("infra_"): kwargs.pop(key) for key in RETRY_KWARGS if key in kwargs}
     try:
-        return gymnasium.make(env_id, **kwargs)
+        env = gymnasium.make(env_id, **kwargs)
     except gymnasium.error.Error as exc:
         if (
             "NameNotFound" in type(exc).__name__
@@ -42,6 +63,12 @@ def make_env(env_id: str, kwargs: dict) -> gymnasium.Env:
                 f"unknown environment id {env_id!r}.{did_you_mean(env_id.split(':')[-1], known)}"
             ) from exc
         raise
+    if retry:
+        if not hasattr(env.unwrapped, "retry"):
+            env.close()
+            raise ConfigError(f"{env_id} is not a toolgym ToolEnv: it takes no {', '.join(sorted(retry))}")
+        env.unwrapped.retry = RetryPolicy(**retry)
+    return env
 
 
 def env_factory(
@@ -72,7 +99,45 @@ class Group:
 
     @property
     def policy_version(self) -> int:
-        return min(t.policy_version for t in self.trajectories)
+        """The oldest weights that sampled a usable sample of the group (its age for staleness).
+
+        ``infra_error`` samples are left out: they may have failed before sampling anything, and they
+        are never trained on, so they must not make the rest of the group look stale.
+        """
+        usable = [t.policy_version for t in self.trajectories if t.status != "infra_error"]
+        return min(usable) if usable else max(t.policy_version for t in self.trajectories)
+
+
+class InfraGuard:
+    """Counts consecutive groups with no usable sample and stops the run when there are too many.
+
+    Fed the groups in the order the learner consumes them. A group all of whose trajectories are
+    ``infra_error`` means the infrastructure failed for every sample, retries included; ``limit`` such
+    groups in a row mean it is down (an engine gone for good, a Docker engine that did not come back),
+    and :meth:`observe` raises :class:`~toolgym.errors.InfraDown` with the last error. One usable
+    sample resets the count.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ConfigError(f"train.max_infra_groups must be >= 1, got {limit}")
+        self.limit = limit
+        self.consecutive = 0
+
+    def observe(self, group: Group) -> None:
+        if any(t.status != "infra_error" for t in group.trajectories):
+            self.consecutive = 0
+            return
+        self.consecutive += 1
+        if self.consecutive >= self.limit:
+            last = group.trajectories[-1].error or "no error recorded"
+            raise InfraDown(
+                f"the last {self.consecutive} groups (up to group {group.index}) ended in infra_error for "
+                f"every sample, retries included: the infrastructure looks down. Last error: {last}. "
+                "Fix it (start the Docker engine, restart the policy's server or engine, repair the "
+                "index), then rerun the same command: the run resumes from its last checkpoint. "
+                f"(Limit: train.max_infra_groups = {self.limit}.)"
+            )
 
 
 class GroupSampler:
@@ -148,9 +213,28 @@ class RolloutWorkers:
         return self._envs.get_nowait()
 
     async def _episode(self, index: int, sample: int, task_id: str, tools: set[str] | None) -> Trajectory:
-        env = await self._env()
+        seed = self.sampler.episode_seed(index, sample)
         try:
-            seed = self.sampler.episode_seed(index, sample)
+            env = await self._env()
+        except InfraError as exc:
+            log.warning("could not make an environment for group %d: %s", index, exc)
+            return Trajectory(
+                env_id="",
+                task_id=task_id,
+                seed=seed,
+                harness=self.harness.name,
+                allowed_tools=tuple(sorted(tools or ())),
+                messages=(),
+                token_ids=(),
+                loss_mask=(),
+                logprobs=(),
+                reward=0.0,
+                metrics={"env/infra_error": 1.0},
+                status="infra_error",
+                policy_version=int(getattr(self.policy, "policy_version", 0)),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        try:
             options: dict = {"task_id": task_id}
             if tools is not None:
                 options["tools"] = sorted(tools)

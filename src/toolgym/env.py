@@ -14,9 +14,21 @@ Episode protocol:
       ``submit``) ends the episode, and so does an ``<answer>...</answer>`` tag or, by default, a turn
       with no tool call at all (its text is the answer). Otherwise the observation is one ``tool``
       message per call or error, and the reward is 0.
-    * The reward is the verifier's, computed once, at the terminal step. A verifier exception
-      propagates; an :class:`~toolgym.errors.InfraError` from a tool propagates too (the rollout marks
-      the trajectory ``infra_error``).
+    * The reward is the verifier's, computed once, at the terminal step.
+
+Failures (the rule is in :mod:`toolgym.errors`). :meth:`ToolEnv._run_tool` and
+:meth:`ToolEnv._ascore` are the one boundary between an episode and what can fail under it:
+
+    * a :class:`~toolgym.errors.ToolError` (the model's mistake) becomes the call's observation;
+    * an :class:`~toolgym.errors.InfraError` from a tool call or from the verifier is retried
+      ``retry.retries`` times, waiting ``retry.backoff_s * 2**k`` before retry ``k``; each retry
+      counts in ``env/infra_retries``. When the retries run out the error propagates with the
+      episode's metrics attached (``episode_metrics``) and the rollout marks the trajectory
+      ``infra_error``; a verifier's becomes :class:`~toolgym.errors.VerificationUnavailable`;
+    * anything else (a verifier bug, a bug of ours) propagates at once, never retried or scored.
+
+A retried ``python`` call may run twice if its first try ran but its result was lost; a retried
+verification is harmless because verifiers are pure.
 
 The async methods (``areset``/``astep``) are the primary API; ``reset``/``step`` run them on a private
 event loop owned by the environment.
@@ -27,18 +39,30 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import logging
 import string
-from collections.abc import Coroutine, Sequence
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 import gymnasium
 import numpy as np
 
 from toolgym.core import Message, Score, Task, Tool, Verifier, call_tool, tool_schema
-from toolgym.errors import ConfigError, ToolError, ToolgymError, did_you_mean
+from toolgym.errors import (
+    ConfigError,
+    InfraError,
+    ToolError,
+    ToolgymError,
+    VerificationUnavailable,
+    did_you_mean,
+)
 from toolgym.parsing import ParsedTurn, parse, tools_system_prompt
 
-__all__ = ["MessagesSpace", "TextSpace", "ToolEnv"]
+__all__ = ["MessagesSpace", "RetryPolicy", "TextSpace", "ToolEnv"]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: Longest tool observation kept; longer outputs are cut with a note saying how much was dropped.
 MAX_OBSERVATION_CHARS = 8_000
@@ -102,6 +126,31 @@ class TextSpace(gymnasium.spaces.Space):
         return isinstance(other, TextSpace) and other.max_length == self.max_length
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often an infrastructure failure of a tool or verifier call is retried before giving up.
+
+    Attributes:
+        retries: retries after the first try (0 = give up at once).
+        backoff_s: wait before the first retry; doubles for each further one (``backoff_s * 2**k``).
+            The default (2 retries, 0.5 s then 1 s) rides out a container restart or a brief engine
+            hiccup without holding an episode for long when the failure is permanent.
+    """
+
+    retries: int = 2
+    backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise ConfigError(f"infra retries must be an integer >= 0, got {self.retries!r}")
+        if self.backoff_s < 0:
+            raise ConfigError(f"infra back-off must be >= 0 seconds, got {self.backoff_s!r}")
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (0-based)."""
+        return self.backoff_s * 2**retry
+
+
 def _random_text(rng: np.random.Generator, max_len: int) -> str:
     alphabet = string.ascii_letters + string.digits + " .,<>{}\"':"
     n = int(rng.integers(1, max_len))
@@ -113,6 +162,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
 
     Subclasses set ``tasks`` and ``verifier`` in ``__init__`` and implement :meth:`episode_tools`.
     They may override :meth:`close_episode` to release per-episode resources (a sandbox container).
+    ``retry`` (a :class:`RetryPolicy`, default 2 retries from 0.5 s) may be replaced on any instance.
 
     Args:
         max_turns: assistant turns before the episode is truncated.
@@ -148,6 +198,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         self.action_space = TextSpace()
         self.tasks: Sequence[Task] = ()
         self.verifier: Verifier | None = None
+        self.retry = RetryPolicy()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: Task | None = None
         self._tools: dict[str, Tool] = {}
@@ -192,6 +243,11 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
 
     def task_ids(self) -> list[str]:
         return [t.id for t in self.tasks]
+
+    @property
+    def episode_metrics(self) -> dict[str, float]:
+        """The current episode's metrics so far (the terminal step's ``info["metrics"]`` holds them all)."""
+        return dict(self._metrics)
 
     # ----------------------------------------------------------------- async API
     async def areset(
@@ -259,7 +315,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         reward, truncated = 0.0, False
         info: dict[str, Any] = {"turn": self._turn}
         if terminated:
-            score = self._score(answer)
+            score = await self._ascore(answer)
             reward = float(score.reward)
             info["answer"] = copy.deepcopy(answer)
         elif self._turn >= self.max_turns:
@@ -335,11 +391,38 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
                 )
         return {n: t for n, t in tools.items() if n in set(allowed) or t.terminal}
 
+    async def _retrying(self, what: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``attempt``, retrying an :class:`InfraError` per ``self.retry``; then re-raise it.
+
+        The error that finally propagates carries the episode's metrics (``episode_metrics``), so an
+        ``infra_error`` trajectory still records how many retries were spent.
+        """
+        for retry in range(self.retry.retries + 1):
+            try:
+                return await attempt()
+            except InfraError as err:
+                if retry == self.retry.retries:
+                    err.episode_metrics = dict(self._metrics)
+                    raise
+                delay = self.retry.delay(retry)
+                self._count("env/infra_retries")
+                log.warning(
+                    "%s failed (%s: %s); retry %d of %d in %.2g s",
+                    what,
+                    type(err).__name__,
+                    err,
+                    retry + 1,
+                    self.retry.retries,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
     async def _run_tool(self, tool: Tool, arguments: Any) -> str:
         # NOTE: the one try/except boundary: the model's mistakes (ToolError) become observations;
-        # InfraError and genuine bugs propagate to the caller.
+        # InfraError is retried, then propagates; anything else (a bug) propagates at once.
         try:
-            output = await call_tool(tool, arguments)
+            output = await self._retrying(f"tool {tool.name!r}", lambda: call_tool(tool, arguments))
         except ToolError as err:
             self._count(f"tool/{tool.name}/errors")
             if err.tool is None:
@@ -357,10 +440,27 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             return True, parsed.content
         return False, None
 
-    def _score(self, answer: Any) -> Score:
-        if self.verifier is None:
+    async def _ascore(self, answer: Any) -> Score:
+        """The verifier's score; its infrastructure failures are retried, its bugs raise at once."""
+        verifier = self.verifier
+        if verifier is None:
             raise ConfigError(f"{type(self).__name__} has no verifier")
-        score = self.verifier.score(self.task, answer, self.history)
+        task, history = self.task, self.history
+
+        async def attempt() -> Score:
+            return verifier.score(task, answer, history)
+
+        try:
+            score = await self._retrying("verification", attempt)
+        except VerificationUnavailable:
+            raise
+        except InfraError as err:
+            unavailable = VerificationUnavailable(
+                f"the verifier of {task.id} could not run after {self.retry.retries + 1} tries: "
+                f"{type(err).__name__}: {err}"
+            )
+            unavailable.episode_metrics = err.episode_metrics
+            raise unavailable from err
         self._metrics.update(score.metrics)
         return score
 

@@ -1,14 +1,45 @@
-"""The error tree every part of toolgym raises from.
+"""The error tree every part of toolgym raises from, and the rule that sorts failures into it.
 
-Three families, and the rule that decides between them is *whose fault it is*:
+The rule is *whose fault it is*, and each answer has exactly one handling:
 
-* :class:`ToolError` — the model's fault (bad JSON, an unknown tool, a query that finds nothing to
-  open). The environment turns it into an observation (``"Error: search: ..."``) and the episode
-  goes on. Tools raise nothing else for the model's mistakes.
-* :class:`InfraError` — not the model's fault (a container died, an index is corrupt). The episode is
-  marked ``infra_error`` and is retried or dropped; it is never scored.
-* :class:`ConfigError` — the user's configuration is wrong. Raised at start-up, with a fix-it hint and,
-  for names, a "did you mean" suggestion.
+* **The model's** (bad JSON, an unknown tool, a query that finds nothing, a call past its time
+  limit): :class:`ToolError` (:class:`ToolParseError`, :class:`ToolCallError`, :class:`ToolTimeout`).
+  The environment turns it into an observation (``"Error: search: ..."``) and the episode goes on.
+* **The candidate's** (submitted code that crashes, loops, floods its output or kills its own test
+  runner): no exception at all. The sandbox reports it as flags on its result and the verifier turns
+  it into the candidate's score (failed tests, with the metric that says why).
+* **The infrastructure's** (the Docker engine or a container died, an index is corrupt, a
+  verification could not run, the policy's server or engine is gone): :class:`InfraError`
+  (:class:`SandboxError`, :class:`BackendError`, :class:`VerificationUnavailable`,
+  :class:`PolicyError`). A tool call or verifier call that raises one is retried a bounded number of
+  times with back-off at the environment boundary; then the episode ends as an ``infra_error``
+  trajectory, which is never scored, never trained on, and counted (``env/infra_errors``).
+* **Ours** (a bug, a verifier bug, a wrong configuration): :class:`VerifierError`, any exception
+  outside this tree, and :class:`ConfigError` (at start-up, with a fix-it hint and "did you mean").
+  These raise: retrying cannot help, and scoring around them would hide them.
+
+A run that cannot go on raises :class:`RunStopped` with a message saying why and how to resume:
+:class:`InfraDown` when the infrastructure stays down (too many consecutive groups of episodes were
+all ``infra_error``), :class:`CheckpointError` when the run directory refuses writes. Rerunning the
+same command resumes from the last checkpoint, losing nothing and counting nothing twice.
+
+Where each exception type is placed (each in exactly one of the four families above):
+
+* Sandbox (``toolgym.tools.sandbox``): ``SandboxUnavailable`` (no engine, no image) and
+  ``SandboxError`` (a container could not start, an exec failed, a container died) are infra. The
+  sandbox translates the docker SDK's own errors into these; one that leaks out untranslated is a bug.
+* Index and paper store: ``BackendError`` (missing, truncated or corrupt files) is infra.
+* Verifier: :class:`VerifierError` is a verifier *bug* (a harness error, test data that cannot run)
+  and raises; never reward 0. A verification that could not run because the infrastructure under it
+  failed (its sandbox container died, the engine is down) is infra: a verifier raises an
+  :class:`InfraError` for it, and the environment retries the call and, when the retries run out,
+  raises :class:`VerificationUnavailable`.
+* Policy: :class:`PolicyError` is raised at the policy boundary when its infrastructure fails (an HTTP
+  server unreachable or answering 5xx after its own retries, a vLLM engine process that died). The
+  rollout turns it into an ``infra_error`` trajectory. A request the server refuses (4xx), a closed
+  policy or bad sampling parameters are :class:`ConfigError`; an in-process transformers policy has no
+  infrastructure of its own, so its exceptions are bugs.
+* Ray environment actors: an actor that died mid-episode is an :class:`InfraError`.
 
 Messages say what went wrong, what was expected versus what was got, and how to fix it.
 """
@@ -20,15 +51,20 @@ from collections.abc import Iterable
 
 __all__ = [
     "BackendError",
+    "CheckpointError",
     "ConfigError",
+    "InfraDown",
     "InfraError",
     "MissingDependencyError",
+    "PolicyError",
+    "RunStopped",
     "SandboxError",
     "ToolCallError",
     "ToolError",
     "ToolParseError",
     "ToolTimeout",
     "ToolgymError",
+    "VerificationUnavailable",
     "VerifierError",
     "did_you_mean",
 ]
@@ -64,7 +100,19 @@ class ToolTimeout(ToolError):
 
 
 class InfraError(ToolgymError):
-    """Not the model's fault: the trajectory is marked ``infra_error`` and never scored."""
+    """Not the model's fault: retried at the environment boundary, then the trajectory is ``infra_error``.
+
+    Attributes:
+        episode_metrics: the environment's metrics of the episode so far (``env/infra_retries``
+            included), attached by the environment when it gives up, so that the ``infra_error``
+            trajectory still records them. Empty when the error did not come through an environment.
+    """
+
+    episode_metrics: dict[str, float]
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.episode_metrics = {}
 
 
 class SandboxError(InfraError):
@@ -73,6 +121,34 @@ class SandboxError(InfraError):
 
 class BackendError(InfraError):
     """A backing store (search index, paper store) is unavailable or corrupt."""
+
+
+class PolicyError(InfraError):
+    """The policy's infrastructure failed: its server is unreachable, its engine process died.
+
+    Raised by the policy itself (not the rollout), because only the policy knows which of its
+    failures are infrastructure and which are bugs or configuration mistakes.
+    """
+
+
+class VerificationUnavailable(InfraError):
+    """A verification could not run for infrastructure reasons (not a verifier bug).
+
+    The environment raises it after retrying a verifier call that kept raising an :class:`InfraError`;
+    the original error is its ``__cause__``. Contrast :class:`VerifierError`, a bug, which raises at once.
+    """
+
+
+class RunStopped(ToolgymError):
+    """A training run cannot go on; the message says why and how to resume from its last checkpoint."""
+
+
+class InfraDown(RunStopped):
+    """The infrastructure stayed down: too many consecutive groups of episodes were all ``infra_error``."""
+
+
+class CheckpointError(RunStopped):
+    """A checkpoint could not be written or read (disk full, read-only, a corrupt file)."""
 
 
 class ConfigError(ToolgymError):
@@ -92,7 +168,11 @@ class MissingDependencyError(ConfigError, ImportError):
 
 
 class VerifierError(ToolgymError):
-    """A verifier could not score an answer. Never converted into reward 0."""
+    """A verifier bug: it could not score an answer for a reason of its own. Never reward 0; raises.
+
+    Not an :class:`InfraError`: retrying a bug cannot help, and scoring around it would hide it. A
+    verification that failed because its infrastructure did is :class:`VerificationUnavailable`.
+    """
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

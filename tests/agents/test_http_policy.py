@@ -16,7 +16,7 @@ import pytest
 
 from toolgym.agents.http_policy import HTTPPolicy, JsonLinesCodec, openai_messages, turn_text
 from toolgym.core import FunctionTool, SamplingParams, tool_schema
-from toolgym.errors import BackendError, ConfigError
+from toolgym.errors import ConfigError, PolicyError
 from toolgym.parsing import format_tool_call, parse, tools_system_prompt
 
 ADD = FunctionTool(
@@ -164,7 +164,7 @@ async def test_server_errors_are_retried_then_succeed():
 async def test_retries_run_out_as_an_infra_error():
     with _Script([(503, {}, 0)]) as server:
         policy = HTTPPolicy(server.url, "m", retries=2, backoff_s=0.01)
-        with pytest.raises(BackendError, match="failed after 3 tries.*HTTP 503"):
+        with pytest.raises(PolicyError, match="failed after 3 tries.*HTTP 503"):
             await policy.generate(_chat(policy), GREEDY)
     assert len(server.seen) == 3
 
@@ -172,7 +172,7 @@ async def test_retries_run_out_as_an_infra_error():
 async def test_a_timeout_is_retried_as_an_infra_error():
     with _Script([(200, OK_BODY, 2.0)]) as server:
         policy = HTTPPolicy(server.url, "m", retries=1, backoff_s=0.01, timeout_s=0.3)
-        with pytest.raises(BackendError, match="ReadTimeout"):
+        with pytest.raises(PolicyError, match="ReadTimeout"):
             await policy.generate(_chat(policy), GREEDY)
     assert len(server.seen) == 2
 
@@ -190,7 +190,7 @@ async def test_connection_refused_is_an_infra_error():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     policy = HTTPPolicy(f"http://127.0.0.1:{port}/v1", "m", retries=1, backoff_s=0.01)
-    with pytest.raises(BackendError, match="ConnectError"):
+    with pytest.raises(PolicyError, match="ConnectError"):
         await policy.generate(_chat(policy), GREEDY)
 
 

@@ -1,4 +1,5 @@
-"""The rollout loop's token bookkeeping, harness tracks, trajectories and paired evaluation."""
+"""The rollout loop's token bookkeeping, harness tracks, trajectories, paired evaluation, and the
+failure boundary: one test per kind of failure, each handled the one way toolgym's error rule says."""
 
 from __future__ import annotations
 
@@ -13,7 +14,18 @@ from toolgym.agents.harness import get_harness
 from toolgym.agents.policy import ScriptedPolicy
 from toolgym.agents.rollout import read_trajectories, run_episode, write_trajectories
 from toolgym.core import SamplingParams, Trajectory, sampled_ids_hash
-from toolgym.errors import BackendError, ConfigError
+from toolgym.env import RetryPolicy
+from toolgym.errors import (
+    BackendError,
+    ConfigError,
+    InfraError,
+    PolicyError,
+    SandboxError,
+    ToolCallError,
+    ToolTimeout,
+    VerificationUnavailable,
+    VerifierError,
+)
 from toolgym.parsing import format_tool_call
 
 
@@ -23,16 +35,24 @@ class Echo:
 
 
 class EchoEnv(ToolEnv):
-    def __init__(self, broken: bool = False, **kwargs):
+    """``word()`` returns "kiwi"; ``fail`` lists what its calls raise first, in order (then it works)."""
+
+    def __init__(self, broken: bool = False, fail: list[BaseException] | None = None, **kwargs):
         super().__init__(**kwargs)
         self.tasks = [Task("t", "Say the word in the tool.", "kiwi")]
         self.verifier = Echo()
         self.broken = broken
+        self.fail = list(fail or [])
+        self.calls = 0
+        self.retry = RetryPolicy(retries=2, backoff_s=0.0)  # the schedule itself is tested apart
 
     async def episode_tools(self, task):
         def word() -> str:
+            self.calls += 1
             if self.broken:
                 raise BackendError("store unavailable")
+            if self.fail:
+                raise self.fail.pop(0)
             return "kiwi"
 
         return [
@@ -156,3 +176,161 @@ def test_verifier_exception_propagates():
 def test_trajectory_json_round_trip_is_exact():
     trajectory = run(EchoEnv(), ScriptedPolicy(TURNS))
     assert Trajectory.from_json(trajectory.to_json()) == trajectory
+
+
+# ------------------------------------------------------------------ the failure boundary
+class FlakyVerifier(Echo):
+    """Raises each of ``errors`` on successive calls, then scores like :class:`Echo`."""
+
+    def __init__(self, errors):
+        self.errors = list(errors)
+        self.calls = 0
+
+    def score(self, task, answer, trajectory):
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return super().score(task, answer, trajectory)
+
+
+class FailingPolicy(ScriptedPolicy):
+    """Replays ``turns`` but raises ``error`` on turn number ``at`` (1-based)."""
+
+    def __init__(self, turns, error, at):
+        super().__init__(turns)
+        self.error, self.at = error, at
+
+    async def generate(self, token_ids, sampling):
+        if self._next + 1 == self.at:
+            raise self.error
+        return await super().generate(token_ids, sampling)
+
+
+@pytest.mark.parametrize(
+    ("turn", "error", "observation"),
+    [
+        ('<tool_call>{"name": "word", "arguments": </tool_call>', None, "Error: "),
+        (format_tool_call("wrod", {}), None, "Error: "),
+        (TURNS[0], ToolCallError("no such word"), "Error: word: no such word"),
+        (TURNS[0], ToolTimeout("timed out after 1 s"), "Error: word: timed out after 1 s"),
+    ],
+    ids=["ToolParseError-json", "ToolParseError-unknown-tool", "ToolCallError", "ToolTimeout"],
+)
+def test_model_mistakes_become_observations_and_the_episode_goes_on(turn, error, observation):
+    env = EchoEnv(fail=[error] if error else [])
+    trajectory = run(env, ScriptedPolicy([turn, TURNS[1]]))
+    assert trajectory.status == "ok" and trajectory.reward == 1.0
+    tool_texts = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+    assert len(tool_texts) == 1 and tool_texts[0].startswith(observation)
+    assert "env/infra_retries" not in trajectory.metrics  # a model mistake is never retried
+    if isinstance(error, (ToolCallError, ToolTimeout)):
+        assert env.calls == 1 and trajectory.metrics["tool/word/errors"] == 1.0
+    else:
+        assert trajectory.metrics["env/parse_errors"] == 1.0
+
+
+def _sandbox_errors():
+    from toolgym.tools.sandbox import SandboxUnavailable
+
+    return [SandboxError("container died"), SandboxUnavailable("no engine"), BackendError("index gone")]
+
+
+@pytest.mark.parametrize("error", _sandbox_errors(), ids=lambda e: type(e).__name__)
+def test_an_infra_failure_of_a_tool_is_retried_and_the_episode_goes_on(error):
+    env = EchoEnv(fail=[error, error])  # two failures, then the third try works
+    trajectory = run(env, ScriptedPolicy(TURNS))
+    assert trajectory.status == "ok" and trajectory.reward == 1.0
+    assert env.calls == 3 and trajectory.metrics["env/infra_retries"] == 2.0
+    assert "<tool_response>\nkiwi\n</tool_response>" in ByteTokenizer().decode(trajectory.token_ids)
+
+
+@pytest.mark.parametrize("error", _sandbox_errors(), ids=lambda e: type(e).__name__)
+def test_an_infra_failure_of_a_tool_that_outlasts_the_retries_is_an_infra_error(error):
+    env = EchoEnv(fail=[error] * 3)
+    trajectory = run(env, ScriptedPolicy(TURNS))
+    assert trajectory.status == "infra_error" and trajectory.reward == 0.0
+    assert trajectory.error == f"{type(error).__name__}: {error}"
+    assert env.calls == 3  # the first try and two retries, no more
+    assert trajectory.metrics["env/infra_retries"] == 2.0 and trajectory.metrics["env/infra_error"] == 1.0
+
+
+def test_no_retries_when_the_policy_says_none():
+    env = EchoEnv(fail=[SandboxError("container died")])
+    env.retry = RetryPolicy(retries=0)
+    trajectory = run(env, ScriptedPolicy(TURNS))
+    assert trajectory.status == "infra_error" and env.calls == 1
+    assert trajectory.metrics.get("env/infra_retries", 0.0) == 0.0
+
+
+def test_a_verifier_infra_failure_is_retried_then_scored():
+    env = EchoEnv()
+    env.verifier = FlakyVerifier([SandboxError("the test container died")])
+    trajectory = run(env, ScriptedPolicy(TURNS))
+    assert trajectory.status == "ok" and trajectory.reward == 1.0
+    assert env.verifier.calls == 2 and trajectory.metrics["env/infra_retries"] == 1.0
+
+
+def test_a_verification_that_cannot_run_is_verification_unavailable_never_a_score():
+    env = EchoEnv()
+    env.verifier = FlakyVerifier([SandboxError("engine down")] * 3)
+    trajectory = run(env, ScriptedPolicy(TURNS))
+    assert trajectory.status == "infra_error" and trajectory.reward == 0.0
+    assert trajectory.error.startswith(
+        "VerificationUnavailable: the verifier of t could not run after 3 tries"
+    )
+    assert "SandboxError: engine down" in trajectory.error
+    assert env.verifier.calls == 3 and trajectory.metrics["env/infra_retries"] == 2.0
+
+
+def test_verification_unavailable_from_the_verifier_keeps_its_message():
+    env = EchoEnv()
+    env.verifier = FlakyVerifier([VerificationUnavailable("the grader is offline")] * 3)
+    trajectory = run(env, ScriptedPolicy(TURNS))
+    assert trajectory.error == "VerificationUnavailable: the grader is offline"
+
+
+def test_a_verifier_bug_raises_at_once_and_is_never_retried_or_scored():
+    env = EchoEnv()
+    env.verifier = FlakyVerifier([VerifierError("test data cannot run")])
+    with pytest.raises(VerifierError, match="test data cannot run"):
+        run(env, ScriptedPolicy(TURNS))
+    assert env.verifier.calls == 1
+
+
+def test_a_bug_in_a_tool_raises_at_once_and_is_never_retried():
+    env = EchoEnv(fail=[KeyError("oops")])
+    with pytest.raises(KeyError, match="oops"):
+        run(env, ScriptedPolicy(TURNS))
+    assert env.calls == 1
+
+
+def test_a_policy_failure_mid_episode_is_an_infra_error_with_the_sampled_turns_kept():
+    policy = FailingPolicy(TURNS, PolicyError("engine died"), at=2)
+    trajectory = run(EchoEnv(), policy)
+    assert trajectory.status == "infra_error" and trajectory.reward == 0.0
+    assert trajectory.error == "PolicyError: engine died"
+    tok = ByteTokenizer()
+    assert [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m] == tok.encode(
+        TURNS[0] + "<|im_end|>"
+    )
+    assert trajectory.metrics["env/infra_error"] == 1.0
+
+
+def test_a_policy_failure_before_any_turn_keeps_the_policy_version():
+    policy = FailingPolicy(TURNS, PolicyError("connection refused"), at=1)
+    policy.policy_version = 7
+    trajectory = run(EchoEnv(), policy)
+    assert trajectory.status == "infra_error" and trajectory.policy_version == 7
+    assert sum(trajectory.loss_mask) == 0
+
+
+@pytest.mark.parametrize(
+    "error", [ConfigError("HTTP 400: unknown model"), RuntimeError("bug")], ids=lambda e: type(e).__name__
+)
+def test_a_policy_config_error_or_bug_raises(error):
+    with pytest.raises(type(error)):
+        run(EchoEnv(), FailingPolicy(TURNS, error, at=2))
+
+
+def test_an_infra_error_raised_outside_an_environment_has_no_episode_metrics():
+    assert InfraError("x").episode_metrics == {}
