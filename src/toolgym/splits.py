@@ -114,19 +114,19 @@ def assign_splits(items: Sequence[SplitItem], *, namespace: str, test_fraction: 
     Raises:
         ConfigError: two items of one group carry different explicit labels.
     """
-    decided: dict[str, SplitItem] = {}
+    decided: dict[str, tuple[str, str]] = {}  # group key -> (label, where the label was first given)
     for item in items:
         if item.explicit is None:
             continue
-        first = decided.setdefault(item.key, item)
-        if first.explicit != item.explicit:
+        label, where = decided.setdefault(item.key, (item.explicit, item.where))
+        if label != item.explicit:
             raise ConfigError(
-                f"{item.where}: split {item.explicit!r} conflicts with split {first.explicit!r} at "
-                f"{first.where}; both belong to the group {item.key!r}, and a group must not straddle "
-                "splits. Give every record of the group the same split, or none"
+                f"{item.where}: split {item.explicit!r} conflicts with split {label!r} at {where}; both "
+                f"belong to the group {item.key!r}, and a group must not straddle splits. Give every "
+                "record of the group the same split, or none"
             )
     return [
-        decided[item.key].explicit  # type: ignore[misc]
+        decided[item.key][0]
         if item.key in decided
         else hash_split(item.key, namespace=namespace, test_fraction=test_fraction)
         for item in items
