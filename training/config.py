@@ -167,6 +167,9 @@ class GRPOConfig:
         backend: where environments run: ``asyncio`` (in-process, the default) or ``ray`` (Ray actors,
             see :mod:`toolgym.training.ray_backend`; the rollout loop and the policy stay in-process).
         ray_env_actors: environment actor processes for ``backend = "ray"``.
+        max_infra_groups: consecutive groups whose every sample is ``infra_error`` (retries included)
+            after which the run stops with a message (the infrastructure is down); it resumes from its
+            last checkpoint.
     """
 
     steps: int = 20
@@ -192,9 +195,18 @@ class GRPOConfig:
     answer_tool: str = "answer"
     backend: str = "asyncio"
     ray_env_actors: int = 2
+    max_infra_groups: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("steps", "tasks_per_step", "group_size", "rollout_workers", "queue_size", "micro_batch"):
+        for name in (
+            "steps",
+            "tasks_per_step",
+            "group_size",
+            "rollout_workers",
+            "queue_size",
+            "micro_batch",
+            "max_infra_groups",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:

@@ -59,7 +59,7 @@ from toolgym.training.export import export_checkpoint
 from toolgym.training.loss import check_token_receipt, clipped_pg_loss, mismatch_kl
 from toolgym.training.prefix import SequenceScorer
 from toolgym.training.rewards import shaped_reward
-from toolgym.training.rollouts import Group, GroupSampler, RolloutWorkers, env_factory, make_env
+from toolgym.training.rollouts import Group, GroupSampler, InfraGuard, RolloutWorkers, env_factory, make_env
 
 __all__ = ["Trainer", "build_policy", "shaped_reward", "train_command"]  # shaped_reward: re-exported
 
@@ -175,6 +175,7 @@ class Trainer:
         self.step = 0
         self.next_group = 0
         self.dropped_groups = 0
+        self.infra_guard = InfraGuard(tc.max_infra_groups)
         self.last_metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ state
@@ -227,6 +228,8 @@ class Trainer:
         """Continue from the run directory's checkpoint, if it has one."""
         state = load_checkpoint(self.run_dir)
         if state is None:
+            for name in LOG_FILES:  # lines of an attempt that died before its first checkpoint
+                truncate_to(self.run_dir / name, 0)
             return False
         self.load_state_dict(state)
         log.info("resumed %s at step %d (next group %d)", self.run_dir, self.step, self.next_group)
@@ -308,6 +311,7 @@ class Trainer:
                     continue
                 pending[group.index] = group
             group = pending.pop(self.next_group)
+            self.infra_guard.observe(group)  # raises InfraDown when the infrastructure stays down
             self.next_group += 1
             age = self.policy.policy_version - group.policy_version
             if age > tc.max_off_policy_steps:
@@ -431,6 +435,7 @@ class Trainer:
             "response/tokens_mean": sum(sum(t.loss_mask) for t in trajs) / len(trajs),
             "env/turns_mean": sum(t.metrics.get("env/turns", 0.0) for t in trajs) / len(trajs),
             "env/infra_errors": float(len(trajs) - len(ok)),
+            "env/infra_retries": sum(t.metrics.get("env/infra_retries", 0.0) for t in trajs),
             "time/generate": sum(t.timings.get("time/generate", 0.0) for t in trajs) / len(trajs),
             "time/env": sum(t.timings.get("time/env", 0.0) for t in trajs) / len(trajs),
             "time/learn": t_learn,
