@@ -220,7 +220,7 @@ async def evaluate(
             if todo:
                 policy = policy_factory()
                 policy_name = policy_name or getattr(policy, "name", type(policy).__name__)
-                new = list(await asyncio.gather(*(one(harness, policy, i, t) for i, t in todo)))
+                new = await _all_or_none([one(harness, policy, i, t) for i, t in todo])
             # NOTE: episodes in task order whatever order they finished (or were resumed) in
             by_key = {(t.task_id, t.seed): t for t in [*finished.get(harness.name, []), *new]}
             results[harness.name] = [by_key[(t, seed + i)] for i, t in enumerate(picked)]
@@ -247,6 +247,19 @@ async def evaluate(
             {"tracks": [asdict(t) for t in tracks], "paired": {k: list(v) for k, v in paired.items()}},
         )
     return report
+
+
+async def _all_or_none(coros: Sequence[Any]) -> list[Trajectory]:
+    """Run episodes concurrently; when one fails, cancel the rest before raising (so no episode of an
+    abandoned run is still running, or still writing to its directory, afterwards)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _make_env(env_id: str, env_kwargs: Mapping[str, Any]) -> gymnasium.Env:

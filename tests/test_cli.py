@@ -158,3 +158,70 @@ def test_new_env_writes_a_skeleton_whose_test_passes(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 passed" in out.stdout
     assert main(["new-env", "Weather", "--dir", str(tmp_path)]) == 2  # refuses to overwrite
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--env-arg", "max_turn=3"],
+        ["play", "toolgym/SearchQA-v0", "--env-arg", "max_turn=3"],
+    ],
+)
+def test_misspelt_env_arg_is_one_line_with_did_you_mean(args):
+    out = toolgym(*args, stdin="")
+    assert out.returncode == 2
+    assert out.stderr.startswith("toolgym: error: toolgym/SearchQA-v0 takes no argument 'max_turn'.")
+    assert "Did you mean 'max_turns'?" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("pair", "message"),
+    [
+        ("metric=bleu", "unknown metric 'bleu'"),  # the env's own ConfigError
+        (
+            "max_turns=three",
+            "toolgym/SearchQA-v0 rejected its arguments {'max_turns': 'three'}",
+        ),  # a TypeError
+    ],
+)
+def test_a_bad_env_arg_value_is_one_line(pair, message):
+    out = toolgym("eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--env-arg", pair)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("toolgym: error:") and message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("http://127.0.0.1:8000/v1", "needs the served model's name: add --model NAME"),
+        ("run:no/such/run", "run directory 'no/such/run' does not exist"),
+        ("run:runs/x@latest", "@STEP must be a whole number"),
+    ],
+)
+def test_unusable_policy_specs_are_one_line_errors(policy, message):
+    out = toolgym("eval", "--env", "toolgym/SearchQA-v0", "--policy", policy)
+    assert out.returncode == 2 and message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_eval_baseline_and_compare(tmp_path):
+    base = ["eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--n", "3", "--harness", "bare"]
+    first = toolgym(*base, "--out", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr
+    second = toolgym(*base, "--out", str(tmp_path / "b"), "--baseline", str(tmp_path / "a"))
+    assert second.returncode == 0, second.stderr
+    assert "paired reward difference B - A on bare: +0.000" in second.stdout
+    out = toolgym("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    assert out.returncode == 0, out.stderr
+    (track,) = json.loads(out.stdout)["tracks"]
+    assert track["harness"] == "bare" and track["n"] == 3 and track["diff"] == 0.0
+    refused = toolgym(*base, "--seed", "1", "--baseline", str(tmp_path / "a"))
+    assert refused.returncode == 2 and "first seed (0 vs 1)" in refused.stderr
+    other = toolgym(*base, "--seed", "1", "--out", str(tmp_path / "c"))
+    assert other.returncode == 0, other.stderr
+    out = toolgym("compare", str(tmp_path / "a"), str(tmp_path / "c"))
+    assert out.returncode == 2 and "cannot compare" in out.stderr and "seeds (3 vs 3 values" in out.stderr
+    again = toolgym(*base, "--seed", "1", "--out", str(tmp_path / "a"))
+    assert again.returncode == 2 and "--restart" in again.stderr

@@ -247,46 +247,51 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
     model_free = spec.model_free
     factory = policy_factory(spec, env_id=args.env, seed=args.seed, max_model_len=args.max_total_tokens)
-    console = Console(stderr=True)
-    with Progress(
+    bar = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=console,
-    ) as bar:
-        task = bar.add_task(f"eval {args.env}", total=None)
+        console=Console(stderr=True),
+    )
+    task = bar.add_task(f"eval {args.env}", total=None)
 
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+    def progress(done: int, total: int) -> None:
+        # NOTE: the bar starts with the first episode, after the checks, so an error stays one line
+        if not bar.live.is_started:
+            bar.start()
+        bar.update(task, completed=done, total=total)
 
-        try:
-            report = asyncio.run(
-                evaluate(
-                    args.env,
-                    factory,
-                    harnesses,
-                    n=args.n,
+    try:
+        factory()  # load the model now: a model that cannot load is an error before any output
+        report = asyncio.run(
+            evaluate(
+                args.env,
+                factory,
+                harnesses,
+                n=args.n,
+                seed=args.seed,
+                concurrency=args.concurrency,
+                # model-free policies write whole turns (a long submit list) in byte tokens: no caps
+                sampling=SamplingParams(
+                    max_tokens=args.max_tokens if not model_free else 1 << 20,
+                    temperature=args.temperature,
                     seed=args.seed,
-                    concurrency=args.concurrency,
-                    # model-free policies write whole turns (a long submit list) in byte tokens: no caps
-                    sampling=SamplingParams(
-                        max_tokens=args.max_tokens if not model_free else 1 << 20,
-                        temperature=args.temperature,
-                        seed=args.seed,
-                    ),
-                    max_total_tokens=args.max_total_tokens if not model_free else 1 << 30,
-                    out_dir=args.out,
-                    env_kwargs=env_kwargs,
-                    progress=progress,
-                    policy_label=spec.text,
-                    policy_info=spec.describe(),
-                    restart=args.restart,
-                )
+                ),
+                max_total_tokens=args.max_total_tokens if not model_free else 1 << 30,
+                out_dir=args.out,
+                env_kwargs=env_kwargs,
+                progress=progress,
+                policy_label=spec.text,
+                policy_info=spec.describe(),
+                restart=args.restart,
             )
-        finally:
-            factory.close()
+        )
+    finally:
+        if bar.live.is_started:
+            bar.stop()
+        factory.close()
     table = Table(
         title=f"{report.env_id} · policy {report.policy} · n={len(report.task_ids)} · seed {report.seed}"
     )
