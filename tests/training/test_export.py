@@ -233,15 +233,18 @@ def test_smollm2_checkpoint_to_export_to_eval_and_compare(tmp_path, capsys):
     The checkpoint holds SmolLM2's own weights, so the exported policy must sample exactly the tokens
     the embedded model samples (greedy): the export loses nothing.
     """
+    from safetensors.torch import load_file
+
     from toolgym.agents.models import smollm2_path
     from toolgym.cli import main
     from toolgym.training.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
     run.mkdir()
-    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_path(), dtype=torch.float32)
-    save_checkpoint(run, {"model": model.state_dict(), "step": 4, "policy_version": 4})
-    del model
+    weights = load_file(smollm2_path() / "model.safetensors")
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]  # tied, as in model.state_dict()
+    save_checkpoint(run, {"model": weights, "step": 4, "policy_version": 4})
+    del weights
     (run / "config.json").write_text(json.dumps({"policy": {"kind": "hf", "model": ""}}))
     start = time.perf_counter()
     assert main(["export", str(run)]) == 0
@@ -249,8 +252,8 @@ def test_smollm2_checkpoint_to_export_to_eval_and_compare(tmp_path, capsys):
     export = resolve_run_export(run)
     manifest = read_manifest(export)
     assert manifest["step"] == 4 and manifest["base_model"]["name"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
-    common = ["--env", "toolgym/SearchQA-v0", "--n", "2", "--harness", "bare", "--seed", "1"]
-    common += ["--env-arg", "max_turns=1", "--max-tokens", "12", "--concurrency", "2"]
+    common = ["--env", "toolgym/SearchQA-v0", "--n", "1", "--harness", "bare", "--seed", "1"]
+    common += ["--env-arg", "max_turns=1", "--max-tokens", "12"]
     assert main(["eval", *common, "--policy", f"run:{run}", "--out", str(tmp_path / "b")]) == 0
     record = json.loads((tmp_path / "b" / "eval.json").read_text())
     assert record["status"] == "complete" and record["settings"]["policy_info"]["export"]["step"] == 4
