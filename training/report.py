@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.training.heldout import read_heldout
+
 __all__ = ["PLOTS", "mask_runs", "write_report"]
 
 #: (title, metric keys or a prefix ending in "*")
@@ -134,6 +136,39 @@ def _trajectory_html(record: dict[str, Any]) -> str:
     return f'<details class="trajectory"><summary>{head}</summary>{"".join(rows)}</details>'
 
 
+def _heldout_html(run_dir: Path) -> str:
+    """The held-out table (base vs trained, per track, paired difference with its interval)."""
+    summary = read_heldout(run_dir)
+    if summary is None:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(r['harness'])}</td><td>{r['base']:.3f}</td><td>{r['trained']:.3f}</td>"
+        f"<td>{r['diff']:+.3f}</td><td>[{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]</td>"
+        f"<td>{r['base_em']:.3f}</td><td>{r['trained_em']:.3f}</td>"
+        f"<td>{r['base_tool_calls']:.2f}</td><td>{r['trained_tool_calls']:.2f}</td></tr>"
+        for r in summary["tracks"]
+    )
+    return f"""<h2>Held-out evaluation</h2>
+<p>{html.escape(str(summary["env_id"]))}, split <b>{html.escape(str(summary["split"]))}</b> (never trained on),
+{summary["n"]} tasks, greedy, same tasks and seeds for both policies. Reward: {html.escape(str(summary["metric"]))};
+difference = trained &minus; base, paired bootstrap 95% interval.</p>
+<table id="heldout"><tr><th>track</th><th>base</th><th>trained</th><th>difference</th><th>95% CI</th>
+<th>base EM</th><th>trained EM</th><th>base tool calls</th><th>trained tool calls</th></tr>{rows}</table>"""
+
+
+def _warm_start_html(run_dir: Path) -> str:
+    path = run_dir / "warm_start.json"
+    if not path.is_file():
+        return ""
+    w = json.loads(path.read_text(encoding="utf-8"))
+    losses = ", ".join(f"{x:.3f}" for x in w["epoch_losses"])
+    return f"""<h2>Warm start</h2>
+<p id="warm-start">Rejection-sampled fine-tune before RL: {w["sampled"]} episodes sampled from the untrained
+policy on {w["tasks"]} training tasks (mean reward {w["mean_reward"]:.3f}); {w["kept"]} kept from
+{w["tasks_with_success"]} tasks (mean reward {w["mean_kept_reward"]:.3f}), {w["tokens"]} sampled tokens;
+loss per epoch {losses}; {w["seconds"]:.0f} s.</p>"""
+
+
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Render ``run_dir``'s logs into ``report.html`` (or ``out``) and return the file's path."""
     run_dir = Path(run_dir)
@@ -154,6 +189,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         f"<tr><td>{e.get('step', '')}</td><td>{e['from']} → {e['to']}</td><td>{html.escape(e['signal'])}</td><td>{html.escape(', '.join(e['tools']))}</td></tr>"
         for e in events
     )
+    heldout = _heldout_html(run_dir)
+    warm = _warm_start_html(run_dir)
     last = metrics[-1]
     summary = ", ".join(
         f"{k} = {last[k]:.3f}" for k in ("reward/mean", "reward/shaped_mean", "curriculum/stage") if k in last
@@ -175,8 +212,10 @@ table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding
 <body>
 <h1>Run {html.escape(run_dir.name)}</h1>
 <p id="summary">{len(metrics)} steps. Last step: {html.escape(summary)}.</p>
+{heldout}
 <h2>Curves</h2>
 <div class="plots">{_plots(metrics)}</div>
+{warm}
 <h2>Curriculum</h2>
 <table id="stages"><tr><th>step</th><th>stage</th><th>signal</th><th>tools</th></tr>{stage_rows}</table>
 <h2>Trajectories</h2>

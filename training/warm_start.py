@@ -1,0 +1,269 @@
+"""Warm start: a short rejection-sampled fine-tune on the policy's own successful episodes.
+
+Why. A 135M model rarely finds reward on its own in a multi-turn tool task: it writes malformed calls,
+answers without searching, or answers with a whole sentence. GRPO learns only from groups whose
+rewards differ, so most early groups carry no signal. The warm start samples the *untrained* policy on
+the training tasks, keeps the episodes the verifier rewarded (``reward >= min_reward``, no parse
+error, status ``ok``), and fine-tunes on their sampled tokens: the model is taught nothing it did not
+already produce, only to produce its own successes more often (rejection sampling, as in expert
+iteration / STaR). RL then starts from a policy whose groups have variance.
+
+Contract:
+
+* only the trainer's task list is sampled (the train split): held-out tasks never enter the warm start;
+* the loss is the mean negative log-likelihood of mask-1 tokens (the policy's own sampled ids, kept
+  exactly: the same receipts as RL are checked); prompt, tool output and harness text are never trained;
+* the result is recorded (``warm_start.json`` in the run directory: episodes sampled, kept, mean reward,
+  loss per epoch) and is part of the checkpoint, so a resumed run never repeats it;
+* its gain is reported separately from RL's: a run with ``train.lr = 0`` keeps the warm start and
+  is the control that isolates the RL updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolgym.agents.rollout import run_episode
+from toolgym.core import Harness, Policy, SamplingParams, Trajectory
+from toolgym.errors import ConfigError
+from toolgym.training.loss import check_token_receipt, token_logprobs
+
+__all__ = ["WarmStartConfig", "WarmStartResult", "fine_tune", "rejection_sample"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Optional rejection-sampled fine-tune before RL (``[warm_start]`` in a training config).
+
+    Attributes:
+        samples: episodes sampled per task (0 = no warm start).
+        tasks: how many of the trainer's tasks to sample (0 = all of them), taken in the trainer's
+            own task order.
+        tools: the tool set offered while sampling (empty = every tool of the environment).
+        min_reward: keep an episode when its verifier reward is at least this.
+        keep_per_task: at most this many kept episodes per task (the highest rewards; 0 = no cap), so
+            that easy tasks do not dominate the fine-tune.
+        temperature: sampling temperature of the warm-start episodes.
+        epochs: passes over the kept episodes.
+        lr: AdamW learning rate of the fine-tune (its own optimizer; RL's starts fresh).
+        micro_batch: sequences per forward/backward pass.
+        concurrency: episodes sampled at once (the hf policy batches them).
+    """
+
+    samples: int = 0
+    tasks: int = 0
+    tools: tuple[str, ...] = ()
+    min_reward: float = 0.5
+    keep_per_task: int = 2
+    temperature: float = 0.8
+    epochs: int = 2
+    lr: float = 2e-5
+    micro_batch: int = 4
+    concurrency: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "tasks", "keep_per_task"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"warm_start.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("epochs", "micro_batch", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"warm_start.{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature <= 0:
+            raise ConfigError(f"warm_start.temperature must be > 0, got {self.temperature}")
+        if self.lr < 0:
+            raise ConfigError(f"warm_start.lr must be >= 0, got {self.lr}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.samples > 0
+
+
+@dataclass(frozen=True)
+class WarmStartResult:
+    """What the warm start did; written to ``warm_start.json`` and kept in the checkpoint."""
+
+    sampled: int
+    kept: int
+    tasks_with_success: int
+    tasks: int
+    mean_reward: float
+    mean_kept_reward: float
+    epoch_losses: tuple[float, ...]
+    tokens: int
+    seconds: float
+    infra_errors: int = 0
+    kept_task_ids: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sampled": self.sampled,
+            "kept": self.kept,
+            "tasks_with_success": self.tasks_with_success,
+            "tasks": self.tasks,
+            "mean_reward": self.mean_reward,
+            "mean_kept_reward": self.mean_kept_reward,
+            "epoch_losses": list(self.epoch_losses),
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "infra_errors": self.infra_errors,
+            "kept_task_ids": list(self.kept_task_ids),
+        }
+
+    def write(self, run_dir: str | Path) -> Path:
+        path = Path(run_dir) / "warm_start.json"
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        return path
+
+
+def _usable(trajectory: Trajectory, min_reward: float) -> bool:
+    return (
+        trajectory.status == "ok"
+        and trajectory.reward >= min_reward
+        and trajectory.metrics.get("env/parse_errors", 0.0) == 0.0
+        and sum(trajectory.loss_mask) > 0
+    )
+
+
+async def rejection_sample(
+    make_env: Callable[[], Any],
+    policy: Policy,
+    harness: Harness,
+    task_ids: Sequence[str],
+    config: WarmStartConfig,
+    *,
+    seed: int,
+    max_tokens: int,
+    max_total_tokens: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[Trajectory], list[Trajectory]]:
+    """Sample ``config.samples`` episodes per task; return ``(all episodes, kept episodes)``.
+
+    Episode ``j`` of task ``i`` is seeded ``seed + i * samples + j`` (deterministic for a seeded
+    policy). Kept episodes are those passing :func:`_usable`, at most ``keep_per_task`` per task (best
+    rewards first, ties in sampling order).
+    """
+    ids = list(task_ids[: config.tasks] if config.tasks else task_ids)
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=config.temperature)
+    options_tools = {"tools": list(config.tools)} if config.tools else {}
+    semaphore = asyncio.Semaphore(config.concurrency)
+    envs: list[Any] = []
+    total, done = len(ids) * config.samples, 0
+
+    async def one(i: int, j: int, task_id: str) -> Trajectory:
+        nonlocal done
+        async with semaphore:
+            env = envs.pop() if envs else make_env()
+            try:
+                trajectory = await run_episode(
+                    env,
+                    policy,
+                    harness,
+                    seed=seed + i * config.samples + j,
+                    options={"task_id": task_id, **options_tools},
+                    sampling=sampling,
+                    max_total_tokens=max_total_tokens,
+                )
+            finally:
+                envs.append(env)
+        done += 1
+        if progress is not None:
+            progress(done, total)
+        return trajectory
+
+    try:
+        episodes = await asyncio.gather(
+            *(one(i, j, task_id) for i, task_id in enumerate(ids) for j in range(config.samples))
+        )
+    finally:
+        for env in envs:
+            env.close()
+    kept: list[Trajectory] = []
+    for i in range(len(ids)):
+        mine = [t for t in episodes[i * config.samples : (i + 1) * config.samples] if _usable(t, config.min_reward)]
+        mine.sort(key=lambda t: -t.reward)  # stable: ties stay in sampling order
+        kept.extend(mine[: config.keep_per_task] if config.keep_per_task else mine)
+    return list(episodes), kept
+
+
+def fine_tune(
+    model: torch.nn.Module,
+    trajectories: Sequence[Trajectory],
+    config: WarmStartConfig,
+    *,
+    seed: int,
+    lock: Any = None,
+) -> list[float]:
+    """Minimise the mean NLL of the trajectories' mask-1 tokens; returns the mean loss of each epoch.
+
+    The loss is normalised by the number of sampled tokens in the whole epoch (each token weighs the
+    same, whatever its sequence's length); one optimizer step per micro-batch. ``lock`` (the policy's
+    weights lock) is held around each update so a concurrent sampler never sees half-updated weights.
+    """
+    if not trajectories:
+        return []
+    for trajectory in trajectories:
+        check_token_receipt(trajectory)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
+    order = list(range(len(trajectories)))
+    rng = random.Random(seed)
+    losses: list[float] = []
+    device = next(model.parameters()).device
+    for _ in range(config.epochs):
+        rng.shuffle(order)
+        epoch_nll, epoch_tokens = 0.0, 0
+        for start in range(0, len(order), config.micro_batch):
+            chunk = [trajectories[k] for k in order[start : start + config.micro_batch]]
+            logp, _ = token_logprobs(model, [t.token_ids for t in chunk])
+            mask = torch.zeros(logp.shape, device=device)
+            for row, trajectory in enumerate(chunk):
+                mask[row, : len(trajectory.loss_mask)] = torch.tensor(
+                    trajectory.loss_mask, dtype=torch.float32, device=device
+                )
+            tokens = int(mask.sum().item())
+            nll = -(logp * mask).sum()
+            loss = nll / max(tokens, 1)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if lock is not None:
+                with lock:
+                    optimizer.step()
+            else:
+                optimizer.step()
+            epoch_nll += float(nll.detach())
+            epoch_tokens += tokens
+        losses.append(epoch_nll / max(epoch_tokens, 1))
+    optimizer.zero_grad(set_to_none=True)
+    return losses
+
+
+def summarize(
+    episodes: Sequence[Trajectory], kept: Sequence[Trajectory], losses: Sequence[float], started: float
+) -> WarmStartResult:
+    """The :class:`WarmStartResult` of one warm start."""
+    scored = [t for t in episodes if t.status != "infra_error"]
+    tasks = {t.task_id for t in episodes}
+    return WarmStartResult(
+        sampled=len(episodes),
+        kept=len(kept),
+        tasks_with_success=len({t.task_id for t in kept}),
+        tasks=len(tasks),
+        mean_reward=sum(t.reward for t in scored) / max(len(scored), 1),
+        mean_kept_reward=sum(t.reward for t in kept) / max(len(kept), 1),
+        epoch_losses=tuple(losses),
+        tokens=sum(sum(t.loss_mask) for t in kept),
+        seconds=time.perf_counter() - started,
+        infra_errors=len(episodes) - len(scored),
+        kept_task_ids=tuple(sorted({t.task_id for t in kept})),
+    )
