@@ -14,15 +14,22 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from toolgym.tools.sandbox import DockerSandbox
+from toolgym.tools.sandbox import SANDBOX_USER, DockerSandbox
 
 SNIPPET = "import json\nprint(json.dumps(sum(i * i for i in range(1000))))"
 
 
 def cold_run(sandbox: DockerSandbox) -> float:
-    """One ``containers.run`` of the snippet (create, start, wait, logs, remove), hardened alike."""
+    """One ``containers.run`` of the snippet (create, start, wait, logs, remove), hardened alike.
+
+    Two settings differ, as this path needs: the snippet is the container's own command (run as the
+    sandbox user), and its output comes back through the engine's log, so that log is on.
+    """
     config = sandbox._host_config()
-    config.pop("detach")
+    for key in ("detach", "auto_remove", "command"):
+        config.pop(key)
+    config["user"] = SANDBOX_USER
+    config["log_config"] = {"type": "json-file", "config": {"max-size": "64k", "max-file": "1"}}
     start = time.perf_counter()
     out = sandbox.client.containers.run(sandbox.image, ["python3", "-c", SNIPPET], remove=True, **config)
     elapsed = time.perf_counter() - start

@@ -1,413 +1,110 @@
 """Run untrusted Python in hardened Docker containers.
 
 Threat model. The code comes from a language model being trained with RL, so assume it is adversarial:
-it may try to exhaust the host (fork bombs, memory, CPU, disk, output floods), to escape (the Docker
-socket, setuid binaries, ptrace, namespaces), to reach the network, or to outlive its time limit. The
-defences, all applied to every container:
+it may try to exhaust the host (fork bombs, memory, CPU, disk, output floods, the engine's log), to
+escape (the Docker socket, setuid binaries, ptrace, namespaces), to reach the network, to outlive its
+time limit or its owner, or to tamper with the trusted harness that scores it. The defences:
 
-* no network (``network_mode="none"``); read-only root file system; a size-capped ``tmpfs`` workdir
-  (``/work``) and ``/tmp``; a non-root user (``nobody``); all capabilities dropped;
-  ``no-new-privileges`` (setuid binaries do not elevate); a seccomp profile that denies ``ptrace``,
-  namespace creation and other kernel surfaces (see :data:`SECCOMP_PROFILE`); limits on pids, memory
-  (swap included, so no swapping) and CPU; a capped container log and a cap on captured output;
+* the container policy of :mod:`toolgym.tools.sandbox_policy` (one screen: users, capabilities,
+  seccomp, limits, no engine log), applied to every container;
 * wall-clock timeouts enforced from the host: the calling thread waits with a deadline and kills the
   container, while separate threads drain output and feed stdin. (Killing from the reader thread would
   block until the API call's own timeout, because the reader owns the stream the kill must close.)
-* every container carries :data:`LABEL` plus a deadline label; a reaper thread kills labelled
-  containers past their deadline, and leftovers of dead processes are removed at start-up and at exit.
+  Output is capped; past the cap the run is stopped. CPU time per run (``RLIMIT_CPU``) and file size
+  (``RLIMIT_FSIZE``) are limited inside the container, and the result says when either ended a run;
+* a container ends itself at its deadline (PID 1 is a ``sleep`` of its lifetime), and the reaper of
+  :mod:`toolgym.tools.sandbox_reaper` removes leftovers of dead processes;
+* a container that stops while something runs in it was stopped from outside (the code cannot reach
+  PID 1): that is a :class:`~toolgym.errors.SandboxError`, never a result.
 
-Latency. ``containers.run`` per call costs a container start (hundreds of ms). A warm pool keeps a few
-started containers idle (``sleep infinity``); a one-shot :meth:`DockerSandbox.run` takes one, runs the
-code through ``exec``, and throws the container away; a background thread starts a replacement. A
-container is never reused by a second run, so nothing leaks between runs.
+Latency. A container start costs hundreds of ms. A warm pool keeps a few started containers idle; a
+one-shot :meth:`DockerSandbox.run` takes one, runs the code through ``exec``, and throws the container
+away; a background thread starts a replacement. A container is never reused by a second run.
 
 Sessions. :meth:`DockerSandbox.session` keeps one container for an episode. Interpreter state survives
-across :meth:`SandboxSession.run` calls: a small server process inside the container holds the globals,
-and each call is a short ``exec`` client that hands the server its stdin/stdout/stderr file descriptors
-(``SCM_RIGHTS``), so output streams back exactly like a one-shot run. A timeout or output flood kills
-the container; the session then starts over in a fresh one (the result says the state was lost).
+across :meth:`SandboxSession.run` calls: a server process inside the container holds the globals, and
+each call is a short ``exec`` client that hands the server its stdout/stderr (``SCM_RIGHTS``), so output
+streams back exactly like a one-shot run. A timeout or output flood kills the container; the session
+then starts over in a fresh one (the result says the state was lost).
 
-:class:`LocalSandbox` runs code in a subprocess with rlimits. It is NOT a security boundary: use it only
-for trusted code (it warns at runtime).
+The programs that run inside containers are ordinary files shipped with the package
+(``sandbox_programs/*.py``); the host only reads their text.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import json
+import functools
 import logging
-import os
+import math
 import queue
-import resource
-import socket
-import struct
-import subprocess
-import sys
 import threading
 import time
 import uuid
-import warnings
-from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
-from toolgym.errors import MissingDependencyError, SandboxError
+from toolgym.errors import SandboxError
+from toolgym.tools.sandbox_exec import Box, ExecResult, exec_in
+from toolgym.tools.sandbox_policy import (
+    HARNESS_USER,
+    SANDBOX_USER,
+    SECCOMP_PROFILE,
+    WORKDIR,
+    container_config,
+)
+from toolgym.tools.sandbox_reaper import (
+    DEADLINE_LABEL,
+    INSTANCE_LABEL,
+    LABEL,
+    SandboxUnavailable,
+    docker_client,
+    leaked_containers,
+    owner_label,
+    reap_containers,
+    reap_forever,
+)
 
 __all__ = [
+    "DEADLINE_LABEL",
+    "DEFAULT_IMAGE",
+    "HARNESS_USER",
+    "INSTANCE_LABEL",
     "LABEL",
+    "SANDBOX_USER",
     "SECCOMP_PROFILE",
+    "WORKDIR",
     "DockerSandbox",
     "ExecResult",
-    "LocalSandbox",
     "SandboxSession",
     "SandboxUnavailable",
     "docker_client",
     "leaked_containers",
+    "new_nonce",
+    "program_source",
     "reap_containers",
 ]
 
 log = logging.getLogger(__name__)
 
-#: Label carried by every sandbox container (the value is the owner's ``host:pid``).
-LABEL = "toolgym.sandbox"
-#: Label holding the container's deadline (Unix time); the reaper kills it past that.
-DEADLINE_LABEL = "toolgym.deadline"
-#: Label naming the :class:`DockerSandbox` instance that created the container.
-INSTANCE_LABEL = "toolgym.sandbox.instance"
 #: Image used when none is given; built by ``toolgym sandbox build``.
 DEFAULT_IMAGE = "toolgym-sandbox:1"
-#: The unprivileged user the code runs as (Debian's ``nobody``).
-SANDBOX_USER = "65534:65534"
-WORKDIR = "/work"
-
-_FIX = (
-    "Fix: install and start Docker (Debian: `apt-get install -y docker.io && dockerd &`; or start the "
-    "Docker service), then build the image with `toolgym sandbox build`. "
-    "Set TOOLGYM_SKIP_DOCKER=1 to skip Docker tests on a machine without it."
-)
-
-
-class SandboxUnavailable(SandboxError):
-    """No usable Docker engine or sandbox image; the message says how to fix it."""
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """The outcome of running code in a sandbox.
-
-    Attributes:
-        exit_code: the process's exit status, or ``None`` when the host killed it (timeout, output cap).
-        stdout: captured standard output (UTF-8, undecodable bytes replaced), at most the output cap.
-        stderr: captured standard error, same rules.
-        timed_out: the wall-clock limit ran out and the host killed the code.
-        oom_killed: the kernel's OOM killer ended the process (the memory limit was hit).
-        output_truncated: stdout + stderr exceeded the output cap; the run was stopped there.
-        duration_s: wall-clock seconds from start to end, as seen from the host.
-    """
-
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    oom_killed: bool
-    output_truncated: bool
-    duration_s: float
-
-    @property
-    def ok(self) -> bool:
-        """Exited 0 without timeout, OOM or truncation."""
-        return self.exit_code == 0 and not (self.timed_out or self.oom_killed or self.output_truncated)
-
-
-# --------------------------------------------------------------------------- seccomp
-
-_DENY = [
-    # Debugging and cross-process memory access: the classic way to tamper with a trusted process.
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
-    # Namespaces and mounts: the stepping stones of container escapes.
-    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsmount", "fsconfig",
-    "fspick", "move_mount", "open_tree", "mount_setattr",
-    # Kernel surfaces untrusted code never needs.
-    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load",
-    "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff",
-    "acct", "syslog", "quotactl", "lookup_dcookie", "open_by_handle_at", "name_to_handle_at",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "personality", "settimeofday",
-    "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm", "vhangup", "nfsservctl",
-    "uselib", "ustat", "sysfs", "_sysctl", "get_kernel_syms", "query_module", "create_module",
-    "mbind", "set_mempolicy", "move_pages", "migrate_pages",
-]  # fmt: skip
-#: clone flags that create namespaces; any clone() carrying one of them is refused.
-_NS_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
-
-#: The seccomp profile (Docker's JSON format). Everything not listed is allowed: the capability drop
-#: and ``no-new-privileges`` already neutralise most privileged calls, and this list removes the
-#: rest, ptrace first. ``clone3`` answers ENOSYS so that libc falls back to ``clone``, whose flags
-#: can be filtered (clone3 passes them in memory, out of seccomp's reach).
-SECCOMP_PROFILE: dict[str, Any] = {
-    "defaultAction": "SCMP_ACT_ALLOW",
-    "architectures": [
-        "SCMP_ARCH_X86_64",
-        "SCMP_ARCH_X86",
-        "SCMP_ARCH_X32",
-        "SCMP_ARCH_AARCH64",
-        "SCMP_ARCH_ARM",
-    ],
-    "syscalls": [
-        {"names": _DENY, "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
-        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
-        *[
-            {
-                "names": ["clone"],
-                "action": "SCMP_ACT_ERRNO",
-                "errnoRet": 1,
-                "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}],
-            }
-            for flag in _NS_FLAGS
-        ],
-    ],
-}
-
-
-# --------------------------------------------------------------------------- docker plumbing
-
-
-def docker_client() -> Any:
-    """A docker SDK client for the local engine, or :class:`SandboxUnavailable` saying how to get one."""
-    try:
-        import docker
-        import docker.errors
-    except ImportError:
-        raise MissingDependencyError("docker", "docker", "the Docker sandbox") from None
-    try:
-        client = docker.from_env(timeout=60)
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise SandboxUnavailable(f"cannot reach a Docker engine ({exc}). {_FIX}") from None
-    return client
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _is_orphan(labels: dict[str, str], now: float) -> bool:
-    """Past its deadline, or owned by a process on this host that no longer exists."""
-    try:
-        if float(labels.get(DEADLINE_LABEL, "inf")) < now:
-            return True
-    except ValueError:
-        return True
-    host, _, pid = labels.get(LABEL, "").rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
-
-
-def _labelled(client: Any, label: str = LABEL) -> list[dict[str, Any]]:
-    """Labelled containers as plain records (``Id``, ``Labels``).
-
-    The low-level call on purpose: ``containers.list`` inspects each container afterwards and fails
-    when another process removes one in between.
-    """
-    return list(client.api.containers(all=True, filters={"label": label}))
-
-
-def reap_containers(client: Any | None = None, *, owner: str | None = None) -> int:
-    """Remove labelled containers that are orphans (dead owner, past deadline), or all of ``owner``'s.
-
-    Returns how many were removed. Containers of live processes within their deadline are left alone,
-    so several processes (test workers, rollout workers) can share one engine.
-    """
-    import docker.errors
-
-    client = client or docker_client()
-    removed = 0
-    now = time.time()
-    for record in _labelled(client):
-        labels = record.get("Labels") or {}
-        if (owner is not None and labels.get(LABEL) == owner) or _is_orphan(labels, now):
-            with contextlib.suppress(docker.errors.DockerException):
-                client.api.remove_container(record["Id"], force=True)
-                removed += 1
-    if removed:
-        log.info("removed %d sandbox container(s)", removed)
-    return removed
-
-
-def leaked_containers(
-    client: Any | None = None, *, owner: str | None = None, instance: str | None = None
-) -> list[str]:
-    """Ids of labelled containers (only ``owner``'s / ``instance``'s when given), for leak counts."""
-    client = client or docker_client()
-    label = f"{INSTANCE_LABEL}={instance}" if instance else (f"{LABEL}={owner}" if owner else LABEL)
-    return [record["Id"] for record in _labelled(client, label)]
-
-
-# Boot program of a one-shot run: read "<n>\n" then n bytes of source from fd 0 (unbuffered, so the rest
-# of stdin is left for the program), write it to main.py (tracebacks show lines) and run it as __main__.
-_BOOT = r"""
-import os, sys
-h = b""
-while not h.endswith(b"\n"):
-    c = os.read(0, 1)
-    if not c: sys.exit(125)
-    h += c
-n = int(h); parts = []
-while n:
-    b = os.read(0, min(n, 1 << 16))
-    if not b: sys.exit(125)
-    parts.append(b); n -= len(b)
-src = b"".join(parts)
-with open("main.py", "wb") as f: f.write(src)
-del h, n, parts, b, c, f
-sys.argv = ["main.py"]
-g = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
-exec(compile(src, "main.py", "exec"), g)
-"""
-
-# Session server: owns the episode's globals; serves one cell per connection on a Unix socket.
-_REPL_SERVER = r"""
-import ast, os, socket, sys, traceback
-path = sys.argv[1]
-srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(path + ".tmp"); os.rename(path + ".tmp", path); srv.listen(8)
-ns = {"__name__": "__main__", "__builtins__": __builtins__}
-def run_cell(src):
-    tree = ast.parse(src, "<cell>")
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, "<cell>", "exec"), ns)
-    if last is not None:
-        value = eval(compile(last, "<cell>", "eval"), ns)
-        if value is not None:
-            print(repr(value))
-while True:
-    conn, _ = srv.accept()
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
-    chunks = [data[1:]]
-    while True:
-        b = conn.recv(1 << 16)
-        if not b: break
-        chunks.append(b)
-    for s in (sys.stdout, sys.stderr):
-        try: s.flush()
-        except Exception: pass
-    saved = [os.dup(i) for i in range(3)]
-    for i, fd in enumerate(fds):
-        os.dup2(fd, i); os.close(fd)
-    status = 0
-    try:
-        run_cell(b"".join(chunks).decode("utf-8", "replace"))
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        et, ev, tb = sys.exc_info()
-        while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
-            tb = tb.tb_next
-        traceback.print_exception(et, ev, tb); status = 1
-    for s in (sys.stdout, sys.stderr):
-        try: s.flush()
-        except Exception: pass
-    for i, fd in enumerate(saved):
-        os.dup2(fd, i); os.close(fd)
-    try:
-        conn.sendall(bytes([status & 255])); conn.close()
-    except OSError:
-        pass
-"""
-
-# Session client: one per cell; passes its fds to the server, sends the source, exits with the status.
-_REPL_CLIENT = r"""
-import os, socket, sys, time
-src = sys.stdin.buffer.read()
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-for _ in range(500):
-    try:
-        s.connect(sys.argv[1]); break
-    except (FileNotFoundError, ConnectionRefusedError):
-        time.sleep(0.01)
-else:
-    sys.stderr.write("sandbox: the session's interpreter is not running\n"); os._exit(124)
-null = os.open("/dev/null", os.O_RDONLY)
-socket.send_fds(s, [b"x"], [null, 1, 2])
-s.sendall(src); s.shutdown(socket.SHUT_WR)
-st = s.recv(1)
-os._exit(st[0] if st else 124)
-"""
-
 _SOCKET_PATH = WORKDIR + "/.session.sock"
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
+@functools.cache
+def program_source(package: str, name: str) -> str:
+    """The text of in-container program ``name`` shipped in ``package`` (e.g. ``sandbox_programs/boot``)."""
+    return (resources.files(package) / f"{name}.py").read_text(encoding="utf-8")
 
 
-class _Output:
-    """Accumulates the demultiplexed exec stream (reader thread) up to a byte cap.
-
-    Past the cap the reader keeps draining (and discarding) until the stream ends: the engine only
-    completes a kill once nobody is blocked writing the stream. ``wake`` tells the waiting thread to act.
-    """
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.parts: dict[int, list[bytes]] = {1: [], 2: []}
-        self.size = 0
-        self.truncated = False
-        self.done = threading.Event()
-        self.wake = threading.Event()
-
-    def drain(self, sock: socket.socket) -> None:
-        try:
-            while True:
-                header = _read_exact(sock, 8)
-                if header is None:
-                    break
-                stream, length = header[0], struct.unpack(">I", header[4:])[0]
-                left = length
-                while left:
-                    chunk = sock.recv(min(left, 1 << 16))
-                    if not chunk:
-                        return
-                    left -= len(chunk)
-                    room = self.cap - self.size
-                    if room > 0:
-                        self.parts.setdefault(stream, []).append(chunk[:room])
-                    self.size += len(chunk)
-                    if self.size > self.cap and not self.truncated:
-                        self.truncated = True
-                        self.wake.set()
-        except OSError:
-            pass
-        finally:
-            self.done.set()
-            self.wake.set()
-
-    def text(self, stream: int) -> str:
-        return b"".join(self.parts.get(stream, [])).decode("utf-8", "replace")
-
-
-@dataclass
-class _Box:
-    """A started container and whether it may still be used."""
-
-    container: Any
-    created: float
+def _cpu_seconds(timeout: float, cpu_time_s: float | None) -> int:
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    if cpu_time_s is not None and cpu_time_s <= 0:
+        raise ValueError(f"cpu_time_s must be > 0 seconds, got {cpu_time_s}")
+    return max(1, math.ceil(timeout if cpu_time_s is None else cpu_time_s))
 
 
 class DockerSandbox:
@@ -419,10 +116,11 @@ class DockerSandbox:
         cpus: CPU limit (fractional cores).
         pids: maximum processes/threads in a container (stops fork bombs).
         workdir_mb: size of the ``/work`` tmpfs (``/tmp`` gets a quarter of it).
+        file_mb: largest file any process may write (``RLIMIT_FSIZE``).
         max_output_bytes: cap on captured stdout + stderr; past it the run is stopped.
         pool_size: warm containers kept ready for one-shot runs (0 disables the pool).
-        container_ttl_s: lifetime written in each container's deadline label; the reaper removes
-            containers past it (pool containers are replaced before then).
+        container_ttl_s: lifetime of a container: it stops itself then, whoever owns it. Pool
+            containers are replaced at half of it, so a run or session gets at least the other half.
     """
 
     def __init__(
@@ -433,15 +131,26 @@ class DockerSandbox:
         cpus: float = 1.0,
         pids: int = 64,
         workdir_mb: int = 64,
+        file_mb: int = 16,
         max_output_bytes: int = 1 << 20,
         pool_size: int = 2,
         container_ttl_s: float = 3600.0,
     ) -> None:
-        if memory_mb < 32 or pids < 8 or cpus <= 0 or workdir_mb < 1 or max_output_bytes < 1 or pool_size < 0:
+        if (
+            memory_mb < 32
+            or pids < 8
+            or cpus <= 0
+            or workdir_mb < 1
+            or file_mb < 1
+            or max_output_bytes < 1
+            or pool_size < 0
+            or container_ttl_s < 2
+        ):
             raise ValueError(
                 "DockerSandbox limits out of range: need memory_mb >= 32, pids >= 8, cpus > 0, workdir_mb >= 1, "
-                f"max_output_bytes >= 1, pool_size >= 0; got memory_mb={memory_mb}, pids={pids}, cpus={cpus}, "
-                f"workdir_mb={workdir_mb}, max_output_bytes={max_output_bytes}, pool_size={pool_size}"
+                "file_mb >= 1, max_output_bytes >= 1, pool_size >= 0, container_ttl_s >= 2; got "
+                f"memory_mb={memory_mb}, pids={pids}, cpus={cpus}, workdir_mb={workdir_mb}, file_mb={file_mb}, "
+                f"max_output_bytes={max_output_bytes}, pool_size={pool_size}, container_ttl_s={container_ttl_s}"
             )
         self.client = docker_client()
         import docker.errors
@@ -459,13 +168,14 @@ class DockerSandbox:
         self.cpus = cpus
         self.pids = pids
         self.workdir_mb = workdir_mb
+        self.file_mb = file_mb
         self.max_output_bytes = max_output_bytes
         self.pool_size = pool_size
         self.container_ttl_s = container_ttl_s
-        self.owner = _owner()
+        self.owner = owner_label()
         self.instance = uuid.uuid4().hex[:12]
         self._removers: list[threading.Thread] = []
-        self._pool: queue.Queue[_Box] = queue.Queue()
+        self._pool: queue.Queue[Box] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._wake = threading.Event()
@@ -475,25 +185,58 @@ class DockerSandbox:
             threading.Thread(target=self._refill_loop, name=f"sandbox-pool-{i}", daemon=True)
             for i in range(min(pool_size, 4))
         ]
-        self._threads.append(threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True))
+        self._threads.append(
+            threading.Thread(
+                target=reap_forever, args=(self.client, self._closed), name="sandbox-reaper", daemon=True
+            )
+        )
         for thread in self._threads:
             thread.start()
         atexit.register(self.close)
 
     # ----------------------------------------------------------------- public API
-    def run(self, code: str, *, timeout: float, stdin: str = "") -> ExecResult:
+    def run(
+        self, code: str, *, timeout: float, stdin: str = "", cpu_time_s: float | None = None
+    ) -> ExecResult:
         """Run ``code`` as a fresh program in a fresh container; the container is discarded after.
+
+        Args:
+            code: Python source, run as ``__main__`` by the sandbox user.
+            timeout: wall-clock seconds before the host kills the container.
+            stdin: the program's standard input.
+            cpu_time_s: CPU-time limit of the program (rounded up to whole seconds); the timeout
+                when ``None``.
 
         Raises:
             SandboxError: the engine or container failed (not the code: its failures are flags).
+        """
+        cpu = _cpu_seconds(timeout, cpu_time_s)
+        src = code.encode("utf-8")
+        payload = str(len(src)).encode() + b"\n" + src + stdin.encode("utf-8")
+        box = self._take()
+        try:
+            boot = program_source("toolgym.tools", "sandbox_programs/boot")
+            return self._exec(box, ["python3", "-c", boot, str(cpu)], payload, timeout, cpu_limit_s=cpu)
+        finally:
+            self._discard(box)
+
+    def run_harness(self, program: str, *, stdin: str, timeout: float) -> ExecResult:
+        """Run a trusted harness ``program`` in a fresh container, as :data:`HARNESS_USER`.
+
+        The program runs as the container's root, which holds only CAP_SETUID, CAP_SETGID and
+        CAP_KILL: it must start any untrusted code it runs as :data:`SANDBOX_USER` itself, which
+        then cannot signal, trace or read it. No CPU-time limit is set (the harness sets its own on
+        the code); the wall-clock ``timeout`` and the output cap apply.
+
+        Raises:
+            SandboxError: the engine or container failed, or the container was stopped from outside.
         """
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         box = self._take()
         try:
-            src = code.encode("utf-8")
-            payload = str(len(src)).encode() + b"\n" + src + stdin.encode("utf-8")
-            return self._exec(box, ["python3", "-c", _BOOT], payload, timeout)
+            cmd = ["python3", "-I", "-B", "-c", program]
+            return self._exec(box, cmd, stdin.encode("utf-8"), timeout, user=HARNESS_USER)
         finally:
             self._discard(box)
 
@@ -522,12 +265,9 @@ class DockerSandbox:
             except queue.Empty:
                 break
             self._remove(box.container)
-        with self._lock:
-            removers = list(self._removers)
-        for thread in removers:
-            thread.join(timeout=30)
+        self.wait_removals()
         # Final sweep through the engine, not memory: whatever carries this instance's label goes.
-        with contextlib.suppress(self._errors.DockerException):
+        with contextlib.suppress(self._errors.DockerException, OSError):
             for cid in leaked_containers(self.client, instance=self.instance):
                 self._remove(self.client.containers.prepare_model({"Id": cid}))
         with contextlib.suppress(Exception):
@@ -541,44 +281,32 @@ class DockerSandbox:
 
     # ----------------------------------------------------------------- containers
     def _host_config(self) -> dict[str, Any]:
-        mem = f"{self.memory_mb}m"
-        return {
-            "network_mode": "none",
-            "read_only": True,
-            "user": SANDBOX_USER,
-            "working_dir": WORKDIR,
-            "tmpfs": {
-                WORKDIR: f"rw,nosuid,nodev,size={self.workdir_mb}m,mode=1777",
-                "/tmp": f"rw,nosuid,nodev,noexec,size={max(1, self.workdir_mb // 4)}m,mode=1777",
-            },
-            "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges", "seccomp=" + json.dumps(SECCOMP_PROFILE)],
-            "pids_limit": self.pids,
-            "mem_limit": mem,
-            "memswap_limit": mem,
-            "nano_cpus": int(self.cpus * 1e9),
-            "ipc_mode": "private",
-            "log_config": {"type": "json-file", "config": {"max-size": "64k", "max-file": "1"}},
-            "labels": {
-                LABEL: self.owner,
-                INSTANCE_LABEL: self.instance,
-                DEADLINE_LABEL: f"{time.time() + self.container_ttl_s:.0f}",
-            },
-            "detach": True,
-            "init": False,
-            "stdin_open": False,
+        """``containers.run`` keyword arguments: the policy's settings plus this sandbox's labels."""
+        config = container_config(
+            memory_mb=self.memory_mb,
+            cpus=self.cpus,
+            pids=self.pids,
+            workdir_mb=self.workdir_mb,
+            file_mb=self.file_mb,
+            ttl_s=self.container_ttl_s,
+        )
+        config["labels"] = {
+            LABEL: self.owner,
+            INSTANCE_LABEL: self.instance,
+            DEADLINE_LABEL: f"{time.time() + self.container_ttl_s:.0f}",
         }
+        return config
 
-    def _start(self) -> _Box:
+    def _start(self) -> Box:
         if self._closed.is_set():
             raise SandboxError("this DockerSandbox is closed; make a new one")
         try:
-            container = self.client.containers.run(self.image, ["sleep", "infinity"], **self._host_config())
-        except self._errors.DockerException as exc:
+            container = self.client.containers.run(self.image, **self._host_config())
+        except (self._errors.DockerException, OSError) as exc:
             raise SandboxError(f"could not start a sandbox container from {self.image!r}: {exc}") from exc
-        return _Box(container, time.time())
+        return Box(container, time.time())
 
-    def _take(self) -> _Box:
+    def _take(self) -> Box:
         """A never-used warm container, or a cold one when the pool is empty."""
         while True:
             try:
@@ -591,7 +319,7 @@ class DockerSandbox:
                 return box
             self._discard(box)
 
-    def _discard(self, box: _Box) -> None:
+    def _discard(self, box: Box) -> None:
         thread = threading.Thread(target=self._remove, args=(box.container,), daemon=True)
         with self._lock:
             self._removers = [t for t in self._removers if t.is_alive()] + [thread]
@@ -604,13 +332,13 @@ class DockerSandbox:
                 break
             except self._errors.NotFound:
                 break
-            except self._errors.DockerException as exc:
-                # e.g. 409 "removal already in progress" right after a kill: try again shortly.
+            except (self._errors.DockerException, OSError) as exc:
+                # e.g. 409 "removal already in progress" (auto-remove after a kill): try again shortly.
                 log.debug("removing %s (attempt %d): %s", container.short_id, attempt + 1, exc)
                 time.sleep(0.2 * (attempt + 1))
 
     def _kill(self, container: Any) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(self._errors.DockerException, OSError):
             container.kill()
 
     def _refill_loop(self) -> None:
@@ -634,90 +362,27 @@ class DockerSandbox:
                 with self._lock:
                     self._starting -= 1
 
-    def _reap_loop(self) -> None:
-        while not self._closed.wait(5.0):
-            with contextlib.suppress(Exception):
-                reap_containers(self.client)
-
-    # ----------------------------------------------------------------- exec
     def _exec(
         self,
-        box: _Box,
+        box: Box,
         cmd: list[str],
         stdin: bytes,
         timeout: float,
+        *,
+        user: str = SANDBOX_USER,
+        cpu_limit_s: int = 0,
     ) -> ExecResult:
-        """Run ``cmd`` in ``box`` feeding ``stdin``; enforce ``timeout`` and the output cap from here."""
-        api = self.client.api
-        start = time.monotonic()
-        try:
-            exec_id = api.exec_create(box.container.id, cmd, stdin=True, user=SANDBOX_USER, workdir=WORKDIR)[
-                "Id"
-            ]
-            stream = api.exec_start(exec_id, socket=True)
-        except self._errors.DockerException as exc:
-            raise SandboxError(f"exec in sandbox container {box.container.short_id} failed: {exc}") from exc
-        sock: socket.socket = getattr(stream, "_sock", stream)
-        sock.settimeout(None)
-        out = _Output(self.max_output_bytes)
-
-        def feed() -> None:
-            with contextlib.suppress(OSError):
-                if stdin:
-                    sock.sendall(stdin)
-                sock.shutdown(socket.SHUT_WR)
-
-        reader = threading.Thread(target=out.drain, args=(sock,), daemon=True)
-        writer = threading.Thread(target=feed, daemon=True)
-        reader.start()
-        writer.start()
-        out.wake.wait(timeout)
-        timed_out = not out.wake.is_set()
-        killed = timed_out or out.truncated
-        if killed:
-            # NOTE: the kill comes from this (waiting) thread, never from the reader.
-            self._kill(box.container)
-            if not out.done.wait(30):
-                raise SandboxError(f"sandbox container {box.container.short_id} did not stop after a kill")
-        duration = time.monotonic() - start
-        with contextlib.suppress(OSError):
-            sock.close()
-        exit_code: int | None = None
-        oom = False
-        if not killed:
-            exit_code = self._exit_code(exec_id)
-            if exit_code == 137:
-                oom = self._oom_seen(box)
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=out.text(1),
-            stderr=out.text(2),
-            timed_out=timed_out,
-            oom_killed=oom,
-            output_truncated=out.truncated,
-            duration_s=duration,
+        return exec_in(
+            self.client,
+            box,
+            cmd,
+            stdin,
+            timeout,
+            cap=self.max_output_bytes,
+            user=user,
+            cpu_limit_s=cpu_limit_s,
+            file_limit_mb=self.file_mb,
         )
-
-    def _exit_code(self, exec_id: str) -> int | None:
-        for _ in range(50):
-            info = self.client.api.exec_inspect(exec_id)
-            if not info.get("Running"):
-                return info.get("ExitCode")
-            time.sleep(0.01)
-        return None
-
-    def _oom_seen(self, box: _Box) -> bool:
-        """Whether the container's memory cgroup recorded an OOM kill (cgroup v1 or v2)."""
-        probe = (
-            "for f in /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control; do "
-            '[ -r "$f" ] && grep -E "^oom_kill " "$f"; done'
-        )
-        try:
-            exit_code, output = box.container.exec_run(["sh", "-c", probe], user=SANDBOX_USER)
-        except self._errors.DockerException:
-            return False
-        counts = [int(line.split()[1]) for line in output.decode().splitlines() if line.split()[1:2]]
-        return any(count > 0 for count in counts)
 
 
 class SandboxSession:
@@ -725,41 +390,48 @@ class SandboxSession:
 
     def __init__(self, sandbox: DockerSandbox) -> None:
         self.sandbox = sandbox
-        self._box: _Box | None = None
+        self._box: Box | None = None
         self._closed = False
         self.restarts = 0
 
-    def _ensure(self) -> _Box:
+    def _ensure(self) -> Box:
         if self._closed:
             raise SandboxError("this sandbox session is closed")
         if self._box is None:
             box = self.sandbox._take()
             api = self.sandbox.client.api
+            server = program_source("toolgym.tools", "sandbox_programs/repl_server")
             try:
                 exec_id = api.exec_create(
                     box.container.id,
-                    ["python3", "-c", _REPL_SERVER, _SOCKET_PATH],
+                    ["python3", "-c", server, _SOCKET_PATH],
                     user=SANDBOX_USER,
                     workdir=WORKDIR,
                 )["Id"]
                 api.exec_start(exec_id, detach=True)
-            except self.sandbox._errors.DockerException as exc:
+            except (self.sandbox._errors.DockerException, OSError) as exc:
                 self.sandbox._discard(box)
                 raise SandboxError(f"could not start the session interpreter: {exc}") from exc
             self._box = box
         return self._box
 
-    def run(self, code: str, *, timeout: float) -> ExecResult:
+    def run(self, code: str, *, timeout: float, cpu_time_s: float | None = None) -> ExecResult:
         """Run one cell; the value of a final bare expression is printed, as in a REPL.
 
-        A timeout or output flood kills the container: the next call starts from a fresh interpreter.
+        ``cpu_time_s`` (default: ``timeout``) is the CPU time the cell may use, threads it leaves
+        running included; a cell stopped by it keeps the interpreter's state. A timeout, output flood
+        or lost interpreter kills the container: the next call starts from a fresh interpreter.
         """
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        cpu = _cpu_seconds(timeout, cpu_time_s)
         box = self._ensure()
-        result = self.sandbox._exec(
-            box, ["python3", "-c", _REPL_CLIENT, _SOCKET_PATH], code.encode("utf-8"), timeout
-        )
+        client = program_source("toolgym.tools", "sandbox_programs/repl_client")
+        cmd = ["python3", "-c", client, _SOCKET_PATH, str(cpu)]
+        try:
+            result = self.sandbox._exec(box, cmd, code.encode("utf-8"), timeout, cpu_limit_s=cpu)
+        except SandboxError:
+            self._box = None
+            self.sandbox._discard(box)
+            raise
         if result.timed_out or result.output_truncated or result.oom_killed or result.exit_code == 124:
             # The interpreter (and its state) is gone or untrustworthy: start over next time.
             self.restarts += 1
@@ -779,59 +451,6 @@ class SandboxSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class LocalSandbox:
-    """Runs Python in a local subprocess with rlimits. NOT a security boundary.
-
-    The code runs as the current user with full access to the network, the file system and every
-    process the user can reach. Use it only for trusted code (your own snippets, tests of the harness
-    itself), never for model output. It warns at construction for that reason.
-    """
-
-    def __init__(self, *, memory_mb: int = 512, max_output_bytes: int = 1 << 20) -> None:
-        warnings.warn(
-            "LocalSandbox is not a security boundary: use it only for trusted code (DockerSandbox isolates)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        self.memory_mb = memory_mb
-        self.max_output_bytes = max_output_bytes
-
-    def run(self, code: str, *, timeout: float, stdin: str = "") -> ExecResult:
-        limit = self.memory_mb * 1024 * 1024
-
-        def limits() -> None:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", code],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            preexec_fn=limits,
-            start_new_session=True,
-        )
-        timed_out = False
-        try:
-            out, err = proc.communicate(stdin.encode(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            out, err = proc.communicate()
-        cap = self.max_output_bytes
-        return ExecResult(
-            exit_code=None if timed_out else proc.returncode,
-            stdout=out[:cap].decode("utf-8", "replace"),
-            stderr=err[: max(0, cap - len(out))].decode("utf-8", "replace"),
-            timed_out=timed_out,
-            oom_killed=False,
-            output_truncated=len(out) + len(err) > cap,
-            duration_s=time.monotonic() - start,
-        )
 
 
 def new_nonce() -> str:

@@ -9,13 +9,16 @@ import ast
 import json
 import os
 import textwrap
+import threading
+import time
+from importlib import resources
 
 import pytest
 
 import toolgym
 from toolgym.core import Task
+from toolgym.envs import code_codec
 from toolgym.envs.code_exec import (
-    _CODEC,
     KNOWN_BAD_REFERENCES,
     SLOW_REFERENCES,
     CodeExecEnv,
@@ -26,8 +29,8 @@ from toolgym.envs.code_exec import (
     reference_code,
     score_submission,
 )
-from toolgym.errors import ConfigError
-from toolgym.tools.sandbox import DockerSandbox, leaked_containers
+from toolgym.errors import ConfigError, InfraError, SandboxError
+from toolgym.tools.sandbox import DockerSandbox, ExecResult, leaked_containers
 
 # --------------------------------------------------------------------------- pure logic
 
@@ -56,8 +59,7 @@ def test_unknown_dataset_and_task_id_say_did_you_mean() -> None:
 
 
 def test_codec_round_trips_plain_data_and_reduces_subclasses() -> None:
-    ns: dict = {}
-    exec(_CODEC, ns)
+    ns = vars(code_codec)
     value = [1, 2**80, -0.0, float("inf"), "s", b"\x00", (1, [2]), {"k": {3}}, frozenset({4}), None, True, 1j]
     assert ns["dec"](json.loads(json.dumps(ns["enc"](value)))) == value
 
@@ -82,6 +84,33 @@ def test_mbpp_ships_only_the_operand_that_calls_the_candidate() -> None:
     assert first.shipped == ("f([1, 2])",) and second.shipped == ("f(2.0)",)
     # the expected value stays on the host: it is in the rewritten expression, never in what is shipped
     assert "[1, 2]" in ast.unparse(first.expr.body) and "__tg_r[0]" in ast.unparse(first.expr.body)
+
+
+def test_in_container_programs_are_shipped_files() -> None:
+    envs = resources.files("toolgym.envs")
+    for name in ("code_programs/runner.py", "code_programs/driver.py", "code_codec.py"):
+        text = (envs / name).read_text()
+        assert 'if __name__ == "__main__":' in text or name == "code_codec.py"
+        compile(text, name, "exec")
+
+
+def test_tool_output_names_the_limit_that_stopped_the_code() -> None:
+    from toolgym.envs.code_exec import _format
+
+    cpu = ExecResult(152, "", "", False, False, False, 1.0, cpu_time_exceeded=True, cpu_limit_s=10)
+    assert _format(cpu) == "\n[killed: CPU time limit of 10 s exceeded]"
+    big = ExecResult(
+        153,
+        "",
+        "OSError: [Errno 27] File too large\n",
+        False,
+        False,
+        False,
+        1.0,
+        file_size_exceeded=True,
+        file_limit_mb=16,
+    )
+    assert _format(big).endswith("File too large\n\n[file size limit of 16 MB exceeded]")
 
 
 def test_extract_code_takes_the_last_fenced_block() -> None:
@@ -245,3 +274,86 @@ def test_episode_python_keeps_state_then_submit_scores(verifier: HiddenTestVerif
         len(leaked_containers(verifier.sandbox.client, instance=verifier.sandbox.instance))
         <= verifier.sandbox.pool_size
     )
+
+
+# --------------------------------------------------------------------------- attacks on the runner
+
+HE0_REF = reference_code("HumanEval/0")
+RUNNER_ATTACKS = {
+    "sigterm_parent": "os.kill(os.getppid(), signal.SIGTERM)",
+    "sigint_parent": "os.kill(os.getppid(), signal.SIGINT)",
+    "sigkill_parent": "os.kill(os.getppid(), signal.SIGKILL)",
+    "sigstop_parent": "os.kill(os.getppid(), signal.SIGSTOP)",
+    "kill_everything": "os.kill(-1, signal.SIGKILL)",
+    "stop_everything": "os.kill(-1, signal.SIGSTOP)",
+    "killpg_parent": "os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)",
+    "kill_pid1": "os.kill(1, signal.SIGKILL)",
+}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", sorted(RUNNER_ATTACKS))
+def test_runner_attack_fails_and_the_attacker_scores_zero(verifier: HiddenTestVerifier, name: str) -> None:
+    # Unguarded, before a wrong solution: scored, never raised. Signals aimed at the runner or PID 1
+    # fail with EPERM at import, so every call fails; kill(-1) only reaches the candidate's own uid.
+    code = f"import os, signal\n{RUNNER_ATTACKS[name]}\n" + HE0 + "    return True\n"
+    score = _score(verifier, "HumanEval/0", code)
+    assert score.reward == 0.0 and score.metrics["reward/tests_total"] == 7.0
+    if "everything" not in name:
+        assert score.metrics["reward/tests_passed"] == 0.0
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", sorted(RUNNER_ATTACKS))
+def test_runner_attack_inside_every_call_leaves_scoring_intact(
+    verifier: HiddenTestVerifier, name: str
+) -> None:
+    # A correct solution that attacks the runner in every call: the runner survives, the score is 1.
+    attack = f"import os, signal\ntry:\n    {RUNNER_ATTACKS[name]}\nexcept OSError:\n    pass\n"
+    code = HE0_REF.replace('    """ Check if', "    " + attack.replace("\n", "\n    ") + '""" Check if', 1)
+    assert attack.splitlines()[1].strip() in code
+    score = _score(verifier, "HumanEval/0", code)
+    assert score.reward == 1.0 and score.metrics["reward/timeouts"] == 0.0
+
+
+@pytest.mark.docker
+def test_submit_that_signals_the_runner_is_scored_by_the_env(verifier: HiddenTestVerifier) -> None:
+    env = CodeExecEnv("humaneval", sandbox=verifier.sandbox)
+    env.reset(options={"task_id": "HumanEval/0"})
+    code = "import os, signal\n" + HE0 + "    os.kill(os.getppid(), signal.SIGTERM)\n    return True\n"
+    _, reward, terminated, _, info = env.step(_call("submit", code))
+    assert terminated and reward == 0.0 and info["metrics"]["reward/tests_total"] > 0
+    env.close()
+
+
+@pytest.mark.docker
+def test_verifier_container_killed_from_outside_is_an_infra_error() -> None:
+    if os.environ.get("TOOLGYM_SKIP_DOCKER") == "1":
+        pytest.skip("TOOLGYM_SKIP_DOCKER=1")
+    box = DockerSandbox(pool_size=0)
+    verifier = HiddenTestVerifier(box, call_timeout=30.0)
+    task = next(t for t in load_tasks("humaneval") if t.id == "HumanEval/0")
+    outcome: list[object] = []
+
+    def score() -> None:
+        try:
+            outcome.append(
+                verifier.score(task, HE0 + "    import time\n    time.sleep(20)\n    return True\n")
+            )
+        except SandboxError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=score)
+    try:
+        worker.start()
+        for _ in range(400):
+            running = leaked_containers(box.client, instance=box.instance)
+            if running:
+                break
+            time.sleep(0.05)
+        time.sleep(2.0)  # inside the first call's sleep (a kill before the exec fails it: same error)
+        box.client.api.kill(running[0])
+        worker.join(120)
+        assert len(outcome) == 1 and isinstance(outcome[0], InfraError), outcome
+    finally:
+        box.close()
