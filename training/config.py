@@ -1,7 +1,8 @@
 """Training configuration: one frozen dataclass per component, loaded from TOML plus dotted overrides.
 
 A config file mirrors the dataclasses (``[env]``, ``[policy]``, ``[sampling]``, ``[train]``,
-``[curriculum]``); command-line overrides use dotted keys (``train.steps=3``, ``sampling.temperature=0.8``)
+``[curriculum]``, ``[warm_start]``, ``[heldout]``); command-line overrides use dotted keys
+(``train.steps=3``, ``sampling.temperature=0.8``)
 whose values are parsed as TOML literals (``[["answer"], ["answer", "search"]]``) or taken as strings.
 A wrong key fails at start-up with a :class:`~toolgym.errors.ConfigError` that says "did you mean".
 """
@@ -20,6 +21,8 @@ from typing import Any
 
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.training.curriculum import CurriculumConfig
+from toolgym.training.heldout import HeldoutConfig
+from toolgym.training.warm_start import WarmStartConfig
 
 __all__ = [
     "EnvConfig",
@@ -233,6 +236,8 @@ class TrainConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     train: GRPOConfig = field(default_factory=GRPOConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    heldout: HeldoutConfig = field(default_factory=HeldoutConfig)
 
     def __post_init__(self) -> None:
         if self.policy.kind == "vllm" and self.env.max_total_tokens > self.policy.max_model_len:

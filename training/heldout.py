@@ -96,3 +96,90 @@ def check_disjoint(train_ids: Sequence[str], heldout_ids: Sequence[str]) -> None
             f"the held-out tasks include {len(shared)} training task(s) (e.g. {shared[:3]}): set "
             "heldout.split to a split the run does not train on (train on split='train', evaluate 'test')"
         )
+
+
+def _summary_row(harness: str, base: Any, trained: Any, comparison: Any) -> dict[str, Any]:
+    track = next(t for t in comparison.tracks if t.harness == harness)
+    b = next(t for t in base.tracks if t.harness == harness)
+    t = next(t for t in trained.tracks if t.harness == harness)
+    return {
+        "harness": harness,
+        "n": track.n,
+        "base": track.reward_a,
+        "trained": track.reward_b,
+        "diff": track.diff,
+        "ci": [track.low, track.high],
+        "base_em": b.metrics.get("reward/em", b.success),
+        "trained_em": t.metrics.get("reward/em", t.success),
+        "base_tool_calls": b.tool_calls,
+        "trained_tool_calls": t.tool_calls,
+        "infra_dropped": track.infra_dropped,
+    }
+
+
+async def run_heldout(config: Any, run_dir: str | Path, train_task_ids: Sequence[str]) -> dict[str, Any]:
+    """Evaluate the base policy and the run's latest export on held-out tasks; write and return the table.
+
+    Both evaluations are ordinary resumable ``toolgym eval`` directories: a run killed during its
+    held-out evaluation picks up where it stopped when ``toolgym train`` is run again.
+    """
+    import gymnasium
+
+    from toolgym.agents.eval_runs import compare_runs, load_eval_run
+    from toolgym.agents.evaluate import evaluate
+    from toolgym.agents.specs import policy_factory
+    from toolgym.core import SamplingParams
+
+    hc: HeldoutConfig = config.heldout
+    run_dir = Path(run_dir)
+    env_kwargs = {**dict(config.env.kwargs), **dict(hc.kwargs), "split": hc.split}
+    budget = hc.max_total_tokens or config.env.max_total_tokens
+    specs = {
+        "base": f"hf:{config.policy.model}" if config.policy.model else "smollm2",
+        "trained": f"run:{run_dir}",
+    }
+    probe = gymnasium.make(config.env.id, **env_kwargs)
+    try:
+        check_disjoint(train_task_ids, probe.unwrapped.task_ids())
+    finally:
+        probe.close()
+    reports = {}
+    for label, spec in specs.items():
+        factory = policy_factory(spec, env_id=config.env.id, seed=hc.seed, max_model_len=budget)
+        log.info("held-out evaluation of %s (%s)", label, spec)
+        try:
+            reports[label] = await evaluate(
+                config.env.id,
+                factory,
+                hc.harnesses,
+                n=hc.n,
+                seed=hc.seed,
+                concurrency=hc.concurrency,
+                sampling=SamplingParams(max_tokens=hc.max_tokens, temperature=0.0),
+                max_total_tokens=budget,
+                out_dir=run_dir / "heldout" / label,
+                env_kwargs=env_kwargs,
+                policy_label=spec,
+            )
+        finally:
+            factory.close()
+    comparison = compare_runs(
+        load_eval_run(run_dir / "heldout" / "base"),
+        load_eval_run(run_dir / "heldout" / "trained"),
+        seed=hc.seed,
+    )
+    summary = {
+        "env_id": config.env.id,
+        "split": hc.split,
+        "metric": str(env_kwargs.get("metric", "the environment's reward")),
+        "n": len(reports["base"].task_ids),
+        "seed": hc.seed,
+        "policies": specs,
+        "tracks": [
+            _summary_row(h, reports["base"], reports["trained"], comparison)
+            for h in reports["base"].settings["harnesses"]
+        ],
+    }
+    path = run_dir / "heldout" / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary

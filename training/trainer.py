@@ -171,7 +171,9 @@ class Trainer:
         task_ids = list(config.env.task_ids) or (
             all_ids[: config.env.task_limit] if config.env.task_limit else all_ids
         )
+        self.task_ids = task_ids
         self.sampler = GroupSampler(task_ids, group_size=tc.group_size, seed=tc.seed)
+        self.warm_started = False
         self.step = 0
         self.next_group = 0
         self.dropped_groups = 0
@@ -194,12 +196,14 @@ class Trainer:
             "curriculum": self.curriculum.state_dict(),
             "rng": capture_rng(),
             "log_sizes": sizes,
+            "warm_started": self.warm_started,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.curriculum.load_state_dict(state["curriculum"])
+        self.warm_started = bool(state.get("warm_started", False))
         restore_rng(state["rng"])
         self.step, self.next_group = int(state["step"]), int(state["next_group"])
         version = int(state["policy_version"])
@@ -243,6 +247,11 @@ class Trainer:
         make, release = env_factory(
             tc.backend, self.config.env.id, dict(self.config.env.kwargs), ray_env_actors=tc.ray_env_actors
         )
+        try:
+            await self._warm_start(make)  # before any rollout worker samples
+        except BaseException:
+            release()
+            raise
         workers = RolloutWorkers(
             make=make,
             policy=self.policy,
@@ -292,6 +301,53 @@ class Trainer:
             finally:
                 release()
         return history
+
+    async def _warm_start(self, make: Any) -> None:
+        """The configured warm start, once per run (:mod:`toolgym.training.warm_start`), checkpointed.
+
+        It runs before the rollout workers sample anything (they wait for version 0 to be consumed),
+        ends with a weight sync and a version bump like an RL step, and is saved as a step-0
+        checkpoint and export, so a resumed run never repeats it and the warm-started policy can be
+        evaluated on its own (``run:DIR@0``).
+        """
+        ws = self.config.warm_start
+        if not ws.enabled or self.warm_started:
+            return
+        from rich.progress import Progress
+
+        from toolgym.training.warm_start import fine_tune, rejection_sample, summarize
+
+        started = time.perf_counter()
+        with Progress(transient=True) as progress:
+            bar = progress.add_task("warm start: sampling", total=None)
+            episodes, kept = await rejection_sample(
+                make,
+                self.policy,
+                self.harness,
+                self.task_ids,
+                ws,
+                seed=self.config.train.seed + 1_000_003,
+                max_tokens=self.config.sampling.max_tokens,
+                max_total_tokens=self.config.env.max_total_tokens,
+                progress=lambda done, total: progress.update(bar, completed=done, total=total),
+            )
+        log.info("warm start: kept %d of %d episodes; fine-tuning", len(kept), len(episodes))
+        losses = await asyncio.to_thread(
+            fine_tune, self.model, kept, ws, seed=self.config.train.seed, lock=self._weights_lock
+        )
+        with self._weights_lock:
+            if self.weight_sync is not None:
+                self.weight_sync.sync(self.model, self.policy.policy_version + 1)
+            else:
+                self.policy.policy_version += 1
+        if self.reference is not None:  # the KL anchors to the warm-started policy
+            self.reference.load_state_dict(self.model.state_dict())
+        self.warm_started = True
+        result = summarize(episodes, kept, losses, started)
+        result.write(self.run_dir)
+        log.info("warm start: %s", result.to_dict())
+        save_checkpoint(self.run_dir, self.state_dict())
+        export_checkpoint(self.run_dir, self.model, self.policy, step=0)
 
     async def _collect(
         self, workers: RolloutWorkers, pending: dict[int, Group]
@@ -480,8 +536,14 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     try:
         trainer.resume()
         asyncio.run(trainer.run())
+        train_ids = list(trainer.task_ids)  # the warm start samples these too
     finally:
-        trainer.close()
+        trainer.close()  # frees the learner before the held-out evaluation loads its policies
+    if config.heldout.n:
+        from toolgym.training.heldout import heldout_table, run_heldout
+
+        summary = asyncio.run(run_heldout(config, out_dir, train_ids))
+        print(heldout_table(summary))
     return Path(out_dir)
 
 

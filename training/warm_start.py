@@ -29,14 +29,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from toolgym.agents.rollout import run_episode
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
 from toolgym.errors import ConfigError
-from toolgym.training.loss import check_token_receipt, token_logprobs
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["WarmStartConfig", "WarmStartResult", "fine_tune", "rejection_sample"]
 
@@ -154,6 +153,8 @@ async def rejection_sample(
     policy). Kept episodes are those passing :func:`_usable`, at most ``keep_per_task`` per task (best
     rewards first, ties in sampling order).
     """
+    from toolgym.agents.rollout import run_episode
+
     ids = list(task_ids[: config.tasks] if config.tasks else task_ids)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=config.temperature)
     options_tools = {"tools": list(config.tools)} if config.tools else {}
@@ -211,6 +212,10 @@ def fine_tune(
     same, whatever its sequence's length); one optimizer step per micro-batch. ``lock`` (the policy's
     weights lock) is held around each update so a concurrent sampler never sees half-updated weights.
     """
+    import torch
+
+    from toolgym.training.loss import check_token_receipt, token_logprobs
+
     if not trajectories:
         return []
     for trajectory in trajectories:

@@ -1,0 +1,142 @@
+"""Warm start (rejection-sampled fine-tune) and held-out settings: pure pieces and a tiny-model run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolgym.core import Trajectory, sampled_ids_hash
+from toolgym.errors import ConfigError
+from toolgym.training.config import load_config
+from toolgym.training.heldout import check_disjoint, heldout_table
+from toolgym.training.loss import TokenFidelityError, token_logprobs
+from toolgym.training.tiny_policy import TinyPolicy
+from toolgym.training.trainer import Trainer
+from toolgym.training.warm_start import WarmStartConfig, _usable, fine_tune
+
+TINY = [
+    "env.id=toy_env:toolgym-test/Letters-v0",
+    "policy.kind=tiny",
+    "policy.tiny_hidden=32",
+    "sampling.max_tokens=12",
+    "train.steps=2",
+    "train.tasks_per_step=2",
+    "train.group_size=4",
+    "train.lr=0.01",
+    "train.max_off_policy_steps=0",
+]
+
+
+def _trajectory(
+    ids: list[int], mask: list[int], *, reward: float = 1.0, status: str = "ok", **metrics: float
+) -> Trajectory:
+    return Trajectory(
+        env_id="toy",
+        task_id="t",
+        seed=0,
+        harness="bare",
+        allowed_tools=(),
+        messages=(),
+        token_ids=tuple(ids),
+        loss_mask=tuple(mask),
+        logprobs=tuple(0.0 for _ in ids),
+        reward=reward,
+        metrics=dict(metrics),
+        status=status,
+        policy_version=0,
+        timings={},
+        token_hash=sampled_ids_hash(ids, mask),
+    )
+
+
+def test_only_clean_rewarded_episodes_are_kept() -> None:
+    ok = _trajectory([1, 2, 3], [0, 1, 1], reward=0.6)
+    assert _usable(ok, 0.5)
+    assert not _usable(_trajectory([1, 2, 3], [0, 1, 1], reward=0.4), 0.5)
+    assert not _usable(_trajectory([1, 2, 3], [0, 1, 1], reward=0.9, status="truncated"), 0.5)
+    assert not _usable(_trajectory([1, 2, 3], [0, 1, 1], reward=0.9, **{"env/parse_errors": 1.0}), 0.5)
+    assert not _usable(_trajectory([1, 2, 3], [0, 0, 0], reward=0.9), 0.5)
+
+
+def test_fine_tune_raises_the_likelihood_of_sampled_tokens_only() -> None:
+    torch.manual_seed(0)
+    model = TinyPolicy(hidden=32, layers=1, seed=0).model
+    prompt, sampled = [5, 6, 7, 8], [9, 10, 11]
+    t = _trajectory(prompt + sampled, [0] * len(prompt) + [1] * len(sampled))
+    with torch.no_grad():
+        before, _ = token_logprobs(model, [t.token_ids])
+    losses = fine_tune(model, [t], WarmStartConfig(samples=1, epochs=5, lr=0.01, micro_batch=1), seed=0)
+    with torch.no_grad():
+        after, _ = token_logprobs(model, [t.token_ids])
+    assert len(losses) == 5 and losses[-1] < losses[0]
+    # the sampled tokens became likelier; the exact loss of epoch 1 is the NLL before any update
+    assert float(after[0, len(prompt) :].sum()) > float(before[0, len(prompt) :].sum())
+    assert losses[0] == pytest.approx(-float(before[0, len(prompt) :].mean()), rel=1e-5)
+
+
+def test_fine_tune_refuses_altered_tokens() -> None:
+    model = TinyPolicy(hidden=16, layers=1, seed=0).model
+    t = _trajectory([1, 2, 3], [0, 1, 1])
+    altered = Trajectory.from_json(t.to_json().replace('"token_ids": [1, 2, 3]', '"token_ids": [1, 2, 4]'))
+    with pytest.raises(TokenFidelityError):
+        fine_tune(model, [altered], WarmStartConfig(samples=1), seed=0)
+
+
+def test_bad_warm_start_and_heldout_settings_fail_at_start() -> None:
+    with pytest.raises(ConfigError, match="warm_start.epochs"):
+        load_config(None, ["warm_start.epochs=0"])
+    with pytest.raises(ConfigError, match="warm_start.temperature"):
+        load_config(None, ["warm_start.temperature=0"])
+    with pytest.raises(ConfigError, match="heldout.n"):
+        load_config(None, ["heldout.n=-1"])
+    with pytest.raises(ConfigError, match="Did you mean .samples."):
+        load_config(None, ["warm_start.sample=3"])
+
+
+def test_heldout_refuses_training_tasks() -> None:
+    check_disjoint(["a", "b"], ["c", "d"])
+    with pytest.raises(ConfigError, match="1 training task"):
+        check_disjoint(["a", "b"], ["b", "c"])
+
+
+def test_heldout_table_shows_each_track() -> None:
+    row = {"base": 0.1, "trained": 0.25, "diff": 0.15, "ci": [0.05, 0.26], "base_em": 0.0, "trained_em": 0.1}
+    text = heldout_table(
+        {
+            "env_id": "toolgym/SearchQA-v0",
+            "split": "test",
+            "n": 100,
+            "seed": 0,
+            "tracks": [{"harness": "bare", **row}, {"harness": "scaffold", **row}],
+        }
+    )
+    assert "split=test" in text and "n=100" in text
+    assert text.count("+0.150") == 2 and "[+0.050, +0.260]" in text
+
+
+async def test_warm_start_runs_once_and_is_checkpointed(tmp_path: Path) -> None:
+    overrides = [*TINY, "warm_start.samples=3", "warm_start.min_reward=0.5", "warm_start.epochs=1"]
+    trainer = Trainer(load_config(None, overrides), tmp_path)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    await trainer.run()
+    record = json.loads((tmp_path / "warm_start.json").read_text())
+    # 6 toy tasks x 3 samples, every one sampled from the untrained policy
+    assert record["sampled"] == 18 and record["tasks"] == 6
+    assert 0 <= record["kept"] <= 6 * 2  # keep_per_task = 2
+    assert len(record["epoch_losses"]) == (1 if record["kept"] else 0)
+    assert trainer.warm_started
+    # the warm start bumps the version once, then two RL steps
+    assert trainer.policy.policy_version == 3
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    trainer.close()
+
+    # resuming a finished run neither repeats the warm start nor rewrites its record
+    stamp = (tmp_path / "warm_start.json").stat().st_mtime_ns
+    again = Trainer(load_config(None, overrides), tmp_path)
+    assert again.resume() and again.warm_started
+    await again.run()
+    assert (tmp_path / "warm_start.json").stat().st_mtime_ns == stamp
+    again.close()
