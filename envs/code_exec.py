@@ -5,6 +5,12 @@ Tasks come from HumanEval (164) and MBPP (974), shipped in ``toolgym/envs/data/c
 ``submit(code)`` ends the episode. Reward 1 only if every hidden test passes; the pass fraction is a
 metric.
 
+Splits (``split="train" | "test" | "all"``, default ``"all"``): by problem, with the hash rule of
+:mod:`toolgym.splits` (namespace ``CodeExec``, key ``problem:<task id>``, test fraction 0.25):
+HumanEval 130 train / 34 test, MBPP 746 / 228. A problem's split does not depend on ``dataset``.
+MBPP problems that restate a HumanEval problem are not grouped with it (that would need a text
+similarity key); train on one benchmark and test on the other to rule that out.
+
 The hidden tests are run by :class:`~toolgym.envs.code_verifier.HiddenTestVerifier` (its module
 states the threat model): the tests stay on the host, only calls into the candidate run, in a fresh
 container, under a uid that cannot touch the trusted runner. The verifier's names are re-exported here.
@@ -30,6 +36,7 @@ from toolgym.envs.code_verifier import MAX_ROUNDS, HiddenTestVerifier, default_s
 from toolgym.envs.code_verifier import _mbpp_tests as _mbpp_tests  # noqa: F401
 from toolgym.envs.code_verifier import extract_code as _extract_code  # noqa: F401
 from toolgym.errors import ConfigError, SandboxError, ToolTimeout, VerifierError, did_you_mean
+from toolgym.splits import SplitItem, assign_splits, check_split, label_tasks, select_split
 from toolgym.tools.sandbox import DockerSandbox, ExecResult, SandboxSession
 
 __all__ = [
@@ -52,6 +59,8 @@ DATASETS = ("humaneval", "mbpp")
 KNOWN_BAD_REFERENCES: frozenset[str] = frozenset()
 #: A correct reference that needs seconds per call (see above).
 SLOW_REFERENCES = frozenset({"MBPP/123"})
+#: Share of problems the split hash rule puts in the test split.
+TEST_FRACTION = 0.25
 
 # --------------------------------------------------------------------------- data
 
@@ -94,6 +103,12 @@ def _mbpp_task(rec: dict[str, Any]) -> Task:
         "code": rec["code"],
     }
     return Task(id=f"MBPP/{rec['task_id']}", prompt=prompt, reference=reference, metadata={"dataset": "mbpp"})
+
+
+def label_code_tasks(tasks: Sequence[Task]) -> list[Task]:
+    """``tasks`` with ``metadata["split"]`` set by the hash rule on the problem id."""
+    items = [SplitItem(f"problem:{t.id}") for t in tasks]
+    return label_tasks(tasks, assign_splits(items, namespace="CodeExec", test_fraction=TEST_FRACTION))
 
 
 def load_tasks(dataset: str = "humaneval") -> list[Task]:
@@ -168,6 +183,7 @@ class CodeExecEnv(ToolEnv):
         tool_timeout: seconds one ``python`` call may run.
         call_timeout: seconds one hidden-test call may run.
         max_turns: assistant turns before truncation.
+        split: ``"train"``, ``"test"`` or ``"all"`` (default, every problem of ``dataset``).
         render_mode: ``"ansi"`` or ``None``.
     """
 
@@ -181,15 +197,23 @@ class CodeExecEnv(ToolEnv):
         tool_timeout: float = 10.0,
         call_timeout: float = 10.0,
         max_turns: int = 8,
+        split: str = "all",
         render_mode: str | None = None,
     ) -> None:
+        check_split(split)
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         self.dataset = dataset
-        self.tasks = load_tasks(dataset)
+        self.selection = select_split(label_code_tasks(load_tasks(dataset)), split)
+        self.split = split
+        self.tasks = list(self.selection.tasks)
         self._sandbox = sandbox
         self.tool_timeout = tool_timeout
         self.verifier = HiddenTestVerifier(sandbox, call_timeout=call_timeout)
         self._session: SandboxSession | None = None
+
+    def _choose_task(self, options: dict[str, Any]) -> Task:
+        self.selection.check_options(options)  # a task id of the other split: say so
+        return super()._choose_task(options)
 
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
         return [
