@@ -90,6 +90,10 @@ def test_only_the_last_k_exports_are_kept_and_latest_points_at_the_newest(tmp_pa
     assert list(list_exports(tmp_path)) == [3, 4]
     assert resolve_run_export(tmp_path) == tmp_path / "export" / "step-000004"
     assert resolve_run_export(tmp_path, 3) == tmp_path / "export" / "step-000003"
+    step_dir = tmp_path / "export" / "step-000003"
+    assert resolve_run_export(step_dir) == step_dir  # an export directory names itself
+    with pytest.raises(ConfigError, match="is a single export; drop '@3'"):
+        resolve_run_export(step_dir, 3)
     with pytest.raises(ConfigError, match="no export for step 1; available steps: 3, 4"):
         resolve_run_export(tmp_path, 1)
 
