@@ -203,3 +203,40 @@ def test_an_unreadable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
         checkpoint.load_checkpoint(tmp_path)
+
+
+def test_env_kwargs_set_the_retry_policy_of_any_toolgym_env() -> None:
+    from toolgym.env import RetryPolicy
+    from toolgym.errors import ConfigError
+    from toolgym.training.rollouts import make_env
+
+    env = make_env(
+        "toy_env:toolgym-test/Letters-v0", {"infra_retries": 4, "infra_backoff_s": 0.25, "n_tasks": 2}
+    )
+    try:
+        assert env.unwrapped.retry == RetryPolicy(retries=4, backoff_s=0.25)
+        assert len(env.unwrapped.tasks) == 2  # the other kwargs still reach the environment
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match="infra retries must be an integer >= 0"):
+        make_env("toy_env:toolgym-test/Letters-v0", {"infra_retries": -1})
+
+
+def test_infra_guard_counts_only_consecutive_groups_without_a_usable_sample() -> None:
+    from toolgym.core import Trajectory
+    from toolgym.training.rollouts import Group, InfraGuard
+
+    def group(index: int, *statuses: str) -> Group:
+        trajs = tuple(
+            Trajectory("e", "t", 0, "bare", (), (), (), (), (), 0.0, {}, s, error=f"E{index}")
+            for s in statuses
+        )
+        return Group(index=index, task_id="t", trajectories=trajs)
+
+    guard = InfraGuard(limit=2)
+    guard.observe(group(0, "infra_error", "infra_error"))
+    guard.observe(group(1, "infra_error", "ok"))  # one usable sample: the infrastructure works
+    guard.observe(group(2, "infra_error", "infra_error"))
+    assert guard.consecutive == 1
+    with pytest.raises(InfraDown, match=r"the last 2 groups \(up to group 3\).*Last error: E3"):
+        guard.observe(group(3, "infra_error", "infra_error"))
