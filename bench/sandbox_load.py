@@ -14,7 +14,7 @@ PID 1, SIGSTOP, fork bomb, endless loop, memory and file bombs, the PID-1 flood)
 p50/p99 latency overall and per kind, outcomes that differ from the expected reward, VerifierErrors and
 infra errors (goal: zero), containers left behind (goal: zero), engine CPU seconds.
 
-    python bench/sandbox_load.py --workers 2 --duration-s 40 --flood-s 8 --flood-rounds 2
+    python bench/sandbox_load.py --workers 2 --duration-s 30 --flood-s 8 --flood-rounds 1
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import random
 import statistics
 import threading
 import time
@@ -138,7 +139,7 @@ def flood(sandbox: DockerSandbox, seconds: float, rounds: int) -> None:
 
 
 def submissions() -> list[tuple[str, str, str, float]]:
-    """(kind, task id, code, expected reward) for every task and kind."""
+    """(kind, task id, code, expected reward) for every task and kind, in a fixed shuffled order."""
     out = []
     tasks = {t.id: t for t in load_tasks("humaneval")}
     for task_id in TASKS:
@@ -148,6 +149,7 @@ def submissions() -> list[tuple[str, str, str, float]]:
         for kind, attack in ATTACKS.items():
             code = f"import os, signal\ndef {entry}(*args, **kwargs):\n    {attack}\n    return None\n"
             out.append((kind, task_id, code, 0.0))
+    random.Random(0).shuffle(out)
     return out
 
 
@@ -210,7 +212,7 @@ def _q(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="concurrent verifications")
-    parser.add_argument("--duration-s", type=float, default=40.0, help="length of the load run")
+    parser.add_argument("--duration-s", type=float, default=30.0, help="length of the load run")
     parser.add_argument("--call-timeout", type=float, default=2.0, help="seconds per hidden-test call")
     parser.add_argument("--flood-s", type=float, default=8.0, help="length of each flood (0 skips part 1)")
     parser.add_argument("--flood-rounds", type=int, default=1)
