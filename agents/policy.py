@@ -72,9 +72,13 @@ class RulePolicy(ChatPolicy):
     """
 
     def __init__(
-        self, rule: Callable[[str], str], name: str = "rule", tokenizer: TextTokenizer | None = None
+        self,
+        rule: Callable[[str], str],
+        name: str = "rule",
+        tokenizer: TextTokenizer | None = None,
+        template: ChatMLTemplate | None = None,
     ) -> None:
-        super().__init__(tokenizer or ByteTokenizer())
+        super().__init__(tokenizer or ByteTokenizer(), template)
         self.rule = rule
         self.name = name
 

@@ -199,6 +199,9 @@ def env_attribute(env_id: str, attribute: str) -> Any:
     """
     import gymnasium
 
+    if ":" in env_id:  # gymnasium's "module:id" form: importing the module registers the id
+        module_name, env_id = env_id.split(":", 1)
+        importlib.import_module(module_name)
     entry_point = gymnasium.spec(env_id).entry_point
     module = entry_point.__module__ if not isinstance(entry_point, str) else entry_point.split(":")[0]
     return getattr(importlib.import_module(module), attribute, None)

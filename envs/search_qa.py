@@ -58,6 +58,7 @@ __all__ = [
     "default_questions",
     "f1_score",
     "normalize_answer",
+    "reference_rule",
     "split_key",
 ]
 
@@ -394,5 +395,28 @@ def baseline_rule() -> Callable[[str], str]:
             )
         hit = re.search(r"<tool_response>\n\[[^\]]+\] ([^:\n]+):", transcript.rsplit("Question: ", 1)[-1])
         return format_tool_call("answer", {"answer": hit.group(1) if hit else "unknown"})
+
+    return rule
+
+
+def reference_rule(task: Task) -> Callable[[str], str]:
+    """A demonstration of ``task`` built from its gold answers (warm-start data, never evaluation).
+
+    It searches the question (3 results, like the worked example), then answers with the first gold
+    answer that appears verbatim in the search results it was shown, spelled as it appears there. When
+    no gold answer is visible it answers ``"unknown"``, which the verifier scores low, so a reward
+    threshold keeps exactly the demonstrations in which the answer could be copied from the results:
+    they teach "search, then copy a short span", never an answer the agent could not have seen.
+    """
+    golds = sorted(task.reference, key=len) if isinstance(task.reference, list | tuple) else []
+    question = str(task.metadata.get("question", "")) or task.prompt
+
+    def rule(transcript: str) -> str:
+        episode = transcript.rsplit("Question: ", 1)[-1]  # after the worked example, if any
+        if "<tool_response>" not in episode:
+            return format_tool_call("search", {"query": question, "k": 3})
+        results = episode.split("<tool_response>", 1)[1]
+        seen = next((g for g in golds if g in results), None)
+        return format_tool_call("answer", {"answer": seen if seen is not None else "unknown"})
 
     return rule

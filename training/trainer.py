@@ -318,8 +318,9 @@ class Trainer:
         from toolgym.training.warm_start import fine_tune, rejection_sample, summarize
 
         started = time.perf_counter()
+        policy_for = self._demonstrator() if ws.source == "reference" else None
         with Progress(transient=True) as progress:
-            bar = progress.add_task("warm start: sampling", total=None)
+            bar = progress.add_task(f"warm start ({ws.source}): episodes", total=None)
             episodes, kept = await rejection_sample(
                 make,
                 self.policy,
@@ -330,6 +331,7 @@ class Trainer:
                 max_tokens=self.config.sampling.max_tokens,
                 max_total_tokens=self.config.env.max_total_tokens,
                 progress=lambda done, total: progress.update(bar, completed=done, total=total),
+                policy_for=policy_for,
             )
         log.info("warm start: kept %d of %d episodes; fine-tuning", len(kept), len(episodes))
         losses = await asyncio.to_thread(
@@ -348,6 +350,27 @@ class Trainer:
         log.info("warm start: %s", result.to_dict())
         save_checkpoint(self.run_dir, self.state_dict())
         export_checkpoint(self.run_dir, self.model, self.policy, step=0)
+
+    def _demonstrator(self) -> Any:
+        """``task_id -> policy`` playing the environment's ``reference_rule`` in this policy's tokens."""
+        from toolgym.agents.policy import RulePolicy
+        from toolgym.agents.specs import env_attribute
+
+        rule_for = env_attribute(self.config.env.id, "reference_rule")
+        tokenizer, template = getattr(self.policy, "tokenizer", None), getattr(self.policy, "template", None)
+        if rule_for is None or tokenizer is None:
+            raise ConfigError(
+                f"warm_start.source = 'reference' needs a reference_rule(task) in {self.config.env.id}'s module "
+                "and a policy with a tokenizer; use warm_start.source = 'self' (rejection sampling)"
+            )
+        probe = make_env(self.config.env.id, dict(self.config.env.kwargs))
+        try:
+            tasks = {t.id: t for t in probe.unwrapped.tasks}
+        finally:
+            probe.close()
+        return lambda task_id: RulePolicy(
+            rule_for(tasks[task_id]), name="reference", tokenizer=tokenizer, template=template
+        )
 
     async def _collect(
         self, workers: RolloutWorkers, pending: dict[int, Group]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +48,11 @@ class WarmStartConfig:
 
     Attributes:
         samples: episodes sampled per task (0 = no warm start).
+        source: ``self`` — the policy's own samples (rejection sampling); ``reference`` — one
+            demonstration per task from the environment module's ``reference_rule(task)`` (a scripted
+            solver that may read the task's reference, e.g. SearchQA: search the question, copy the
+            gold answer if the results show it), tokenised with the policy's own tokenizer and chat
+            template. Either way only episodes the verifier rewards (``min_reward``) are kept.
         tasks: how many of the trainer's tasks to sample (0 = all of them), taken in the trainer's
             own task order.
         tools: the tool set offered while sampling (empty = every tool of the environment).
@@ -62,6 +67,7 @@ class WarmStartConfig:
     """
 
     samples: int = 0
+    source: str = "self"
     tasks: int = 0
     tools: tuple[str, ...] = ()
     min_reward: float = 0.5
@@ -73,6 +79,11 @@ class WarmStartConfig:
     concurrency: int = 8
 
     def __post_init__(self) -> None:
+        if self.source not in ("self", "reference"):
+            raise ConfigError(
+                f"warm_start.source must be 'self' or 'reference', got {self.source!r}."
+                f"{did_you_mean(self.source, ['self', 'reference'])}"
+            )
         for name in ("samples", "tasks", "keep_per_task"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"warm_start.{name} must be >= 0, got {getattr(self, name)}")
@@ -146,8 +157,12 @@ async def rejection_sample(
     max_tokens: int,
     max_total_tokens: int,
     progress: Callable[[int, int], None] | None = None,
+    policy_for: Callable[[str], Policy] | None = None,
 ) -> tuple[list[Trajectory], list[Trajectory]]:
     """Sample ``config.samples`` episodes per task; return ``(all episodes, kept episodes)``.
+
+    ``policy_for(task_id)``, when given, supplies the policy of each episode (a reference
+    demonstrator); otherwise ``policy`` samples every episode.
 
     Episode ``j`` of task ``i`` is seeded ``seed + i * samples + j`` (deterministic for a seeded
     policy). Kept episodes are those passing :func:`_usable`, at most ``keep_per_task`` per task (best
@@ -169,7 +184,7 @@ async def rejection_sample(
             try:
                 trajectory = await run_episode(
                     env,
-                    policy,
+                    policy_for(task_id) if policy_for is not None else policy,
                     harness,
                     seed=seed + i * config.samples + j,
                     options={"task_id": task_id, **options_tools},

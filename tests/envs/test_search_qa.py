@@ -313,3 +313,27 @@ def test_search_baseline_runs_and_is_weak_but_real():
         rewards.append(trajectory.reward)
     env.close()
     assert 0.0 <= sum(rewards) < 20
+
+
+async def test_reference_demonstrations_copy_only_answers_the_agent_was_shown():
+    from toolgym.agents.harness import get_harness
+    from toolgym.agents.policy import RulePolicy
+    from toolgym.agents.rollout import run_episode
+    from toolgym.envs.search_qa import reference_rule
+
+    env = gymnasium.make("toolgym/SearchQA-v0", split="train", max_turns=2, metric="f1")
+    rewarded = 0
+    for task in env.unwrapped.tasks[:24]:
+        policy = RulePolicy(reference_rule(task))
+        t = await run_episode(env, policy, get_harness("bare"), seed=0, options={"task_id": task.id})
+        assert t.status == "ok"
+        call, results, answer = t.messages[-3]["content"], t.messages[-2]["content"], t.messages[-1]["content"]
+        assert '"name": "search"' in call and task.metadata["question"] in call
+        shown = [g for g in task.reference if g in results]
+        if shown:
+            assert t.reward == 1.0 and min(shown, key=len) in answer
+            rewarded += 1
+        else:
+            assert '"unknown"' in answer and t.reward < 0.5
+    assert 0 < rewarded < 24  # both cases occur in this sample
+    env.close()

@@ -140,3 +140,48 @@ async def test_warm_start_runs_once_and_is_checkpointed(tmp_path: Path) -> None:
     await again.run()
     assert (tmp_path / "warm_start.json").stat().st_mtime_ns == stamp
     again.close()
+
+
+def test_reference_source_needs_the_env_to_provide_a_rule(tmp_path: Path) -> None:
+    trainer = Trainer(
+        load_config(None, [*TINY, "warm_start.samples=1", "warm_start.source=reference"]), tmp_path
+    )
+    try:
+        with pytest.raises(ConfigError, match="reference_rule"):
+            trainer._demonstrator()
+    finally:
+        trainer.close()
+    with pytest.raises(ConfigError, match="Did you mean 'reference'"):
+        load_config(None, ["warm_start.source=referenc"])
+
+
+async def test_demonstrations_are_kept_by_the_verifier_and_trained_on(tmp_path: Path) -> None:
+    from toolgym.agents.harness import get_harness
+    from toolgym.agents.policy import RulePolicy
+    from toolgym.training.rollouts import make_env
+    from toolgym.training.warm_start import rejection_sample
+
+    policy = TinyPolicy(hidden=32, layers=1, seed=0)
+    # a demonstrator that answers all letters on even tasks and all digits on odd ones
+    answers = {f"w{i}": ("abcdef" if i % 2 == 0 else "123456") for i in range(6)}
+
+    def demonstrator(task_id: str) -> RulePolicy:
+        text = f'<tool_call>{{"name": "answer", "arguments": {{"answer": "{answers[task_id]}"}}}}</tool_call>'
+        return RulePolicy(lambda _transcript: text, tokenizer=policy.tokenizer)
+
+    episodes, kept = await rejection_sample(
+        lambda: make_env("toy_env:toolgym-test/Letters-v0", {}),
+        policy,
+        get_harness("bare"),
+        list(answers),
+        WarmStartConfig(samples=1, source="reference", min_reward=0.5),
+        seed=0,
+        max_tokens=256,
+        max_total_tokens=4096,
+        policy_for=demonstrator,
+    )
+    assert len(episodes) == 6
+    assert sorted(t.task_id for t in kept) == ["w0", "w2", "w4"]
+    assert all(t.reward == 1.0 for t in kept)
+    losses = fine_tune(policy.model, kept, WarmStartConfig(samples=1, epochs=2, lr=0.01), seed=0)
+    assert len(losses) == 2 and losses[1] < losses[0]
