@@ -34,8 +34,10 @@ Decisions recorded here (each is part of the contract):
   the weights that sampled it, which is what the importance ratio needs.
 * **Failures.** An engine process that died (vLLM's ``EngineDeadError``, from this and every later
   request) and an engine answer that is not a completion raise :class:`~toolgym.errors.PolicyError`
-  (infrastructure: the rollout makes the episode ``infra_error``). Bad prompts, sampling parameters
-  or a closed policy are :class:`~toolgym.errors.ConfigError`.
+  (infrastructure: the rollout makes the episode ``infra_error``). A request in flight checks every
+  second that the engine is alive, so it never waits forever on a dead one (vLLM itself can miss a
+  request added while its engine dies). Bad prompts, sampling parameters or a closed policy are
+  :class:`~toolgym.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import threading
 import time
 import weakref
 from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,6 +71,8 @@ logger = logging.getLogger(__name__)
 _DTYPES = ("float32", "bfloat16", "float16")
 _EXTENSION = f"{__name__}.WeightLoaderExtension"
 _GiB = 1 << 30
+#: How often a request waiting for output checks that the engine is still alive (seconds).
+_ALIVE_CHECK_S = 1.0
 
 
 def require_vllm(purpose: str) -> Any:
@@ -348,8 +353,19 @@ class VLLMPolicy(ChatPolicy):
     async def _final(self, prompt: list[int], params: Any) -> Any:
         request_id = f"toolgym-{next(self._ids)}"
         final = None
-        async for output in self.engine.generate({"prompt_token_ids": prompt}, params, request_id=request_id):
-            final = output
+        outputs = self.engine.generate({"prompt_token_ids": prompt}, params, request_id=request_id)
+        # NOTE (engine death): a request added while the engine core is dying can miss vLLM's error
+        # and wait forever, so the wait checks every second whether the engine is still alive.
+        while True:
+            pending = asyncio.ensure_future(anext(outputs))
+            while not (await asyncio.wait({pending}, timeout=_ALIVE_CHECK_S))[0]:
+                if self.engine.errored:
+                    pending.cancel()  # not awaited: its abort may need the dead engine
+                    raise self._engine_dead()
+            try:
+                final = pending.result()
+            except StopAsyncIteration:
+                break
         if final is None:
             raise PolicyError(f"vLLM returned no output for request {request_id}")
         return final
@@ -392,13 +408,7 @@ class VLLMPolicy(ChatPolicy):
         for i, prompt in enumerate(prompts):
             row_sampling = sampling
             if sampling.seed is not None:
-                row_sampling = SamplingParams(
-                    max_tokens=sampling.max_tokens,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    seed=(sampling.seed * 1_000_003 + i) % (2**31 - 1),
-                    stop=sampling.stop,
-                )
+                row_sampling = replace(sampling, seed=(sampling.seed * 1_000_003 + i) % (2**31 - 1))
             rows.append(self.generate(prompt, row_sampling))
         return list(await asyncio.gather(*rows))
 
@@ -441,8 +451,8 @@ class VLLMPolicy(ChatPolicy):
     ) -> dict[str, float]:
         """Reload the served weights from a safetensors file, in place, and label them ``version``.
 
-        Blocking; call it from any thread but the engine's own loop (``await aload_weights`` from
-        async code). ``mode`` is vLLM's pause mode for in-flight requests: ``keep`` (default) freezes
+        Blocking; call it from any thread but the engine's own loop (from async code, through
+        ``asyncio.to_thread``). ``mode`` is vLLM's pause mode for in-flight requests: ``keep`` (default) freezes
         them and re-prefills them with the new weights on resume; ``abort`` drops them (their callers
         get a :class:`~toolgym.errors.PolicyError`). Returns the worker's ``{"tensors", "seconds"}``.
         """
@@ -466,9 +476,3 @@ class VLLMPolicy(ChatPolicy):
         self.policy_version = int(version)
         logger.info("vLLM weights v%d loaded in %.2f s", version, result["seconds"])
         return result
-
-    async def aload_weights(
-        self, path: str | Path, version: int, *, mode: Literal["keep", "wait", "abort"] = "keep"
-    ) -> dict[str, float]:
-        """:meth:`load_weights` for async callers (does not block their loop)."""
-        return await asyncio.to_thread(self.load_weights, path, version, mode=mode)

@@ -203,3 +203,35 @@ def reference_logprobs_grad(model, ids: list[int]):
 
     logp, _ = token_logprobs(model, [ids])
     return logp[0, 1:]
+
+
+# NOTE: keep this test last in the module: it kills the module's engine (a second engine would cost
+# tens of seconds of start-up just to be killed).
+async def test_a_killed_engine_is_a_policy_error_and_its_episode_an_infra_error(policy):
+    import signal
+
+    from toolgym import FunctionTool, Score, Task, ToolEnv
+    from toolgym.agents.harness import get_harness
+    from toolgym.agents.rollout import run_episode
+    from toolgym.errors import PolicyError
+
+    class OneQuestion(ToolEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tasks = [Task("q", "Say hi.", "hi")]
+            self.verifier = type("V", (), {"score": lambda self, t, a, h: Score(1.0)})()
+
+        async def episode_tools(self, task):
+            schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+            return [FunctionTool("answer", "Answer", schema, terminal=True)]
+
+    engine = _engine_children()
+    assert engine, "the engine core should run in its own process"
+    for pid in engine:
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(PolicyError, match="the vLLM engine process died"):
+        await policy.generate(chat(policy, "Hi"), SamplingParams(max_tokens=4, temperature=0.0))
+    trajectory = await run_episode(OneQuestion(), policy, get_harness("bare"), seed=0)
+    assert trajectory.status == "infra_error" and trajectory.reward == 0.0
+    assert trajectory.error.startswith("PolicyError: the vLLM engine process died")
+    assert sum(trajectory.loss_mask) == 0  # it died before sampling anything
