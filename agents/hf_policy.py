@@ -26,8 +26,23 @@ Decisions recorded here (each is part of the contract):
 * **Micro-batching.** :meth:`generate` never runs the model on the event loop. Requests go to one
   worker thread that waits ``batch_wait_s`` for more requests, left-pads up to ``max_batch`` prompts
   and decodes them together with a KV cache; each row keeps its own sampling parameters. A batch runs
-  to completion before the next one starts (no continuous batching), and each call prefills its whole
-  prompt (no prefix cache): simple, and right for CPU-scale models.
+  to completion before the next one starts (no continuous batching).
+* **Prefix cache** (``prefix_cache=True``, the default). An episode's requests share one growing
+  token sequence, and all episodes of an environment share their system prompt, tool schemas and
+  worked example; re-prefilling all of that every turn was most of the cost of an evaluation. The
+  worker keeps the keys/values of recent sequences (:class:`~toolgym.agents.prefix_cache.PrefixCache`,
+  least recently used first out, bounded by ``prefix_cache_bytes`` and ``prefix_cache_entries``) and
+  prefills each prompt alone on top of its longest cached prefix, then decodes the batch together
+  from buffers allocated once (:mod:`toolgym.agents.hf_cache`). After a batch, each row's prompt plus
+  its sampled ids is stored (replacing the entry it extends). Positions are absolute from each row's
+  first token in both paths, so the cached path computes the same function as the uncached one; the
+  two differ only by floating-point rounding (other matrix shapes, about 1e-6 in the logits), which
+  can flip a greedy choice only between near-tied tokens. The cache is cleared whenever
+  ``policy_version`` changes. ``prefix_cache=False`` prefills the whole batch, left-padded, each turn.
+  Models whose cache is not plain full attention (sliding windows, recurrent layers) always run
+  uncached.
+* **Logits** are computed for the last position only (``logits_to_keep=1``): the full prefill logits
+  (``batch x prompt x vocab`` floats, gigabytes for long prompts) were never used.
 * **Weight updates.** The worker holds :attr:`HFPolicy.weights_lock` for a whole batch; a trainer that
   updates ``policy.model`` in place takes the same lock and then increments ``policy_version``, so no
   completion mixes two weight versions and each reports the version it was sampled with.
@@ -50,6 +65,7 @@ from typing import Any
 from toolgym.agents.chat import IM_END, IM_START
 from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
+from toolgym.agents.prefix_cache import PrefixCache
 from toolgym.core import Completion, SamplingParams
 from toolgym.errors import ConfigError
 
@@ -127,6 +143,10 @@ class HFPolicy(ChatPolicy):
         max_batch: most prompts decoded together.
         seed: base seed for requests whose ``SamplingParams.seed`` is unset.
         batch_wait_s: how long the worker waits for more requests before starting a batch.
+        prefix_cache: reuse the keys/values of cached token prefixes (see the module docstring).
+        prefix_cache_bytes: most bytes of cached keys/values (default 1 GiB: for SmolLM2 in fp32,
+            45 KiB per token, so about 23k tokens, a dozen 2k-token episodes).
+        prefix_cache_entries: most cached sequences.
 
     Attributes:
         model: the torch module (eval mode). A trainer may update its weights in place (under
@@ -135,6 +155,7 @@ class HFPolicy(ChatPolicy):
         eos_token_id: the id of ``<|im_end|>``, the end of an assistant turn.
         policy_version: weight updates seen; stamped on every completion.
         weights_lock: held by the generation worker for the duration of each batch.
+        prefix_cache: the :class:`~toolgym.agents.prefix_cache.PrefixCache`, or ``None`` when off.
     """
 
     name = "hf"
@@ -149,12 +170,20 @@ class HFPolicy(ChatPolicy):
         max_batch: int = 8,
         seed: int | None = None,
         batch_wait_s: float = 0.005,
+        prefix_cache: bool = True,
+        prefix_cache_bytes: int = 1 << 30,
+        prefix_cache_entries: int = 64,
     ) -> None:
         torch, transformers = require_hf("HFPolicy")
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        if prefix_cache_bytes < 0 or prefix_cache_entries < 0:
+            raise ConfigError(
+                "prefix_cache_bytes and prefix_cache_entries must be >= 0 (0 stores nothing), got "
+                f"{prefix_cache_bytes} and {prefix_cache_entries}; use prefix_cache=False to turn the cache off"
+            )
         if threads is not None:
             if threads < 1:
                 raise ConfigError(f"threads must be >= 1, got {threads}")
@@ -186,6 +215,14 @@ class HFPolicy(ChatPolicy):
         self._start_lock = threading.Lock()
         self._counter = 0
         self._closed = False
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache:
+            from toolgym.agents import hf_cache
+
+            if hf_cache.plain_layers(self.model):
+                self.prefix_cache = PrefixCache(prefix_cache_bytes, prefix_cache_entries)
+            else:
+                logger.warning("%s has no plain full-attention KV cache: prefix cache off", self.model_dir)
 
     tokenizer: HFTokenizer
 
@@ -291,25 +328,18 @@ class HFPolicy(ChatPolicy):
             generator = torch.Generator(device="cpu")
             generator.manual_seed(r.seed)
             rows.append(_Row(r, min(r.sampling.max_tokens, self.max_context - len(r.prompt)), generator))
-        width = max(len(r.prompt) for r in requests)
         pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(requests):
-            # NOTE: left padding, masked out, with positions counted from each row's first real token,
-            # so a row's logits do not depend on the other prompts in its batch.
-            input_ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
-            attention[i, width - len(r.prompt) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
-        with self.weights_lock, torch.no_grad():
+        with self.weights_lock, torch.inference_mode():
             version = self.policy_version
-            out = self.model(
-                input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True
-            )
-            past = out.past_key_values
+            if self.prefix_cache is not None:
+                self.prefix_cache.check_version(version)
+                logits, past, attention, decode = self._prefill_cached(rows)
+            else:
+                logits, past, attention = self._prefill_padded(requests)
+                decode = None
+            positions = torch.tensor([[len(r.prompt) - 1] for r in requests], device=self.device)
+            steps = 0
             while True:
-                logits = out.logits[:, -1, :].float().cpu()
                 next_ids = [
                     self._sample_row(row, logits[i]) if row.finish is None else pad
                     for i, row in enumerate(rows)
@@ -317,7 +347,7 @@ class HFPolicy(ChatPolicy):
                 if all(row.finish is not None for row in rows):
                     break
                 attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=-1)
-                positions = positions[:, -1:] + 1
+                positions = positions + 1
                 step = torch.tensor(next_ids, dtype=torch.long, device=self.device)[:, None]
                 out = self.model(
                     input_ids=step,
@@ -327,7 +357,54 @@ class HFPolicy(ChatPolicy):
                     use_cache=True,
                 )
                 past = out.past_key_values
+                logits = out.logits[:, -1, :].float().cpu()
+                steps += 1
+            if decode is not None:
+                for i, row in enumerate(rows):
+                    # NOTE: the last sampled id was never fed to the model, so it has no keys/values.
+                    fed = len(row.ids) - 1
+                    self.prefix_cache.insert(row.request.prompt + row.ids[:fed], decode.row(i, fed))
         return [self._completion(row, version) for row in rows]
+
+    def _prefill_padded(self, requests: list[_Request]) -> tuple[Any, Any, Any]:
+        """Prefill the whole batch at once, left-padded: last logits, the cache, the attention mask."""
+        torch = self._torch
+        width = max(len(r.prompt) for r in requests)
+        input_ids = torch.full((len(requests), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            # NOTE: left padding, masked out, with positions counted from each row's first real token,
+            # so a row's logits do not depend on the other prompts in its batch.
+            input_ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
+            attention[i, width - len(r.prompt) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float().cpu(), out.past_key_values, attention
+
+    def _prefill_cached(self, rows: list[_Row]) -> tuple[Any, Any, Any, Any]:
+        """Prefill each prompt on its longest cached prefix; the batch's decode cache from the rows."""
+        from toolgym.agents.hf_cache import DecodeCache, prefill_row
+
+        cache = self.prefix_cache
+        assert cache is not None
+        last, kvs = [], []
+        for row in rows:
+            prompt = row.request.prompt
+            cached, prefix = cache.lookup(prompt, limit=len(prompt) - 1)
+            logits, layers = prefill_row(self.model, prompt, cached, prefix, self.device)
+            # Stored at once, so a later row of this batch with the same prompt (a GRPO group) reuses it.
+            cache.insert(prompt, layers)
+            last.append(logits.float().cpu())
+            kvs.append(layers)
+        decode = DecodeCache(kvs, extra=max(row.max_tokens for row in rows))
+        return self._torch.stack(last), decode.cache, decode.attention_mask, decode
 
     def _sample_row(self, row: _Row, logits: Any) -> int:
         """Draw one token for ``row`` from its logits, record it, and update the row's finish state."""

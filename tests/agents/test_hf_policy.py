@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import logging
 import math
 import sys
 
+import gymnasium
 import pytest
 
 from toolgym import FunctionTool, Score, Task, ToolEnv
 from toolgym.agents import models
 from toolgym.agents.chat import IM_END, IM_START
-from toolgym.agents.harness import ScaffoldHarness
+from toolgym.agents.harness import ScaffoldHarness, get_harness
+from toolgym.agents.prefix_cache import PrefixCache
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Completion, SamplingParams, sampled_ids_hash
 from toolgym.errors import ConfigError, MissingDependencyError
@@ -419,3 +423,166 @@ async def test_full_episode_with_the_real_model_keeps_token_fidelity(policy):
     assert assistant == [c.text for c in recording.completions]
     for completion in recording.completions:
         assert_well_formed(policy, completion, sampling.max_tokens)
+
+
+# ----------------------------------------------------------------- prefix cache
+
+
+@contextlib.contextmanager
+def cache_off(policy):
+    """Run the uncached path (whole prompts prefilled, left-padded) on the same model."""
+    saved, policy.prefix_cache = policy.prefix_cache, None
+    try:
+        yield
+    finally:
+        policy.prefix_cache = saved
+
+
+def assert_same_completions(cached, uncached) -> None:
+    """Greedy ids identical; logprobs equal up to floating-point rounding of other matrix shapes."""
+    assert [c.token_ids for c in cached] == [c.token_ids for c in uncached]
+    assert [c.finish_reason for c in cached] == [c.finish_reason for c in uncached]
+    for a, b in zip(cached, uncached, strict=True):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+@pytest.mark.model
+def test_the_prefix_cache_is_on_by_default_and_bounded(policy):
+    cache = policy.prefix_cache
+    assert isinstance(cache, PrefixCache)
+    assert cache.max_bytes == 1 << 30 and cache.max_entries == 64
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("bad", [{"prefix_cache_bytes": -1}, {"prefix_cache_entries": -1}])
+def test_negative_cache_bounds_are_config_errors(bad):
+    from toolgym.agents.hf_policy import HFPolicy
+
+    with pytest.raises(ConfigError, match="prefix_cache=False"):
+        HFPolicy(**bad)
+
+
+@pytest.mark.model
+async def test_a_batch_mixing_cached_and_fresh_prompts_matches_the_uncached_path(policy):
+    short = SamplingParams(max_tokens=12, temperature=0.0)
+    first_prompt = chat(policy, QUESTIONS[0])
+    with cache_off(policy):
+        first_alone = await policy.generate(first_prompt, short)
+    follow = (
+        first_prompt
+        + list(first_alone.token_ids)
+        + policy.render([{"role": "user", "content": "And of Peru?"}], continuation=True)
+    )
+    shallow = chat(policy, QUESTIONS[2])  # shares only the system message with the cached rows
+    fresh = policy.tokenizer.encode("Plain text, no chat markers: a cache miss from its first token.")
+    prompts = [follow, shallow, fresh]
+    with cache_off(policy):
+        uncached = [await policy.generate(p, short) for p in prompts]
+
+    policy.prefix_cache.clear()
+    assert_same_completions([await policy.generate(first_prompt, short)], [first_alone])
+    before = policy.prefix_cache.stats()
+    saved_wait, policy.batch_wait_s = policy.batch_wait_s, 0.5  # one batch for all three
+    try:
+        cached = await asyncio.gather(*(policy.generate(p, short) for p in prompts))
+    finally:
+        policy.batch_wait_s = saved_wait
+    after = policy.prefix_cache.stats()
+
+    assert_same_completions(cached, uncached)
+    # The follow-up reused its whole first turn except the last sampled id (never fed to the model).
+    reused = after.reused_tokens - before.reused_tokens
+    assert reused >= len(first_prompt) + len(first_alone.token_ids) - 1
+    assert after.prefilled_tokens - before.prefilled_tokens >= len(fresh)
+    assert after.lookups - before.lookups == 3 and after.hits - before.hits == 2
+
+
+def kv_bytes_per_token(policy) -> int:
+    config = policy.model.config
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # float32
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("bound", ["bytes", "entries"])
+async def test_a_small_cache_evicts_least_recently_used_and_stays_exact(policy, bound):
+    short = SamplingParams(max_tokens=8, temperature=0.0)
+    prompts = [chat(policy, q) for q in QUESTIONS]
+    with cache_off(policy):
+        uncached = [await policy.generate(p, short) for p in prompts]
+    longest = max(len(p) for p in prompts) + short.max_tokens
+    small = (
+        PrefixCache(max_bytes=int(1.5 * longest * kv_bytes_per_token(policy)), max_entries=64)
+        if bound == "bytes"
+        else PrefixCache(max_bytes=1 << 30, max_entries=2)
+    )
+    saved, policy.prefix_cache = policy.prefix_cache, small
+    try:
+        cached = [await policy.generate(p, short) for p in prompts]
+        again = [await policy.generate(p, short) for p in prompts]
+    finally:
+        policy.prefix_cache = saved
+    assert_same_completions(cached, uncached)
+    assert_same_completions(again, uncached)
+    stats = small.stats()
+    assert stats.bytes <= small.max_bytes and stats.entries <= small.max_entries
+    # Each request adds one sequence (its prompt, then prompt + sampled ids replacing it), so the
+    # first pass alone evicts all but the last ``kept``.
+    kept = 1 if bound == "bytes" else 2
+    assert stats.entries == kept and stats.evictions >= len(prompts) - kept
+    # Every prompt but the first (the cache starts empty) reuses at least the shared system message.
+    assert stats.hits == stats.lookups - 1
+
+
+async def searchqa_episodes(policy, task_ids, sampling):
+    """Both harness tracks on real SearchQA tasks, all episodes in flight together (batched)."""
+    jobs = list(itertools.product(("bare", "scaffold"), enumerate(task_ids)))
+    envs = [gymnasium.make("toolgym/SearchQA-v0", max_turns=3) for _ in jobs]
+    try:
+        return await asyncio.gather(
+            *(
+                run_episode(
+                    env,
+                    policy,
+                    get_harness(harness),
+                    seed=i,
+                    options={"task_id": task_id},
+                    sampling=sampling,
+                    max_total_tokens=4096,
+                )
+                for env, (harness, (i, task_id)) in zip(envs, jobs, strict=True)
+            )
+        )
+    finally:
+        for env in envs:
+            env.close()
+
+
+def sampled_turns(trajectory) -> int:
+    mask = trajectory.loss_mask
+    return sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
+
+
+@pytest.mark.model
+@pytest.mark.slow
+async def test_cached_multi_turn_searchqa_episodes_equal_the_uncached_ones(policy):
+    probe = gymnasium.make("toolgym/SearchQA-v0")
+    task_ids = probe.unwrapped.task_ids()[:2]
+    probe.close()
+    sampling = SamplingParams(max_tokens=40, temperature=0.0)
+    with cache_off(policy):
+        uncached = await searchqa_episodes(policy, task_ids, sampling)
+    policy.prefix_cache.clear()
+    before = policy.prefix_cache.stats()
+    cached = await searchqa_episodes(policy, task_ids, sampling)
+    after = policy.prefix_cache.stats()
+
+    assert any(sampled_turns(t) >= 2 for t in uncached), "the episodes must be multi-turn"
+    for a, b in zip(cached, uncached, strict=True):
+        assert (a.harness, a.task_id, a.status) == (b.harness, b.task_id, b.status)
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+        assert a.reward == b.reward and a.messages == b.messages
+    # Later turns and later episodes reuse what earlier ones computed: most prompt tokens are reused.
+    reused = after.reused_tokens - before.reused_tokens
+    prefilled = after.prefilled_tokens - before.prefilled_tokens
+    assert reused > 2 * prefilled
