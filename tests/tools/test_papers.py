@@ -193,6 +193,23 @@ def test_malformed_record_names_file_and_line(tmp_path, line, expect):
     assert expect.replace(":1:", ":3:") in str(err.value)
 
 
+def test_unreadable_corpus_files_are_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"missing\.jsonl: no such corpus file"):
+        load_papers(tmp_path / "missing.jsonl")
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"paper_id": "caf\xe9"}\n')
+    with pytest.raises(ConfigError, match=r"latin1\.jsonl: not UTF-8 text \(invalid continuation byte"):
+        load_papers(latin1)
+    not_gzip = tmp_path / "plain.jsonl.gz"
+    not_gzip.write_text(json.dumps(record("p1")) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"plain\.jsonl\.gz: cannot read the corpus file \(Not a gzipped"):
+        load_papers(not_gzip)
+    blank = write(tmp_path, [], name="blank.jsonl")
+    blank.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"blank\.jsonl: no records"):
+        load_papers(blank)
+
+
 def test_bad_cite_span_offsets_are_reported(tmp_path):
     bad = record(
         "p1",

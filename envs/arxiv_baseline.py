@@ -1,0 +1,162 @@
+"""The ArxivRefs scripted baseline: search BM25 once per placeholder sentence, then submit the top hits.
+
+Model-free, it reads only what an agent sees, so it is an honest floor for the environment:
+:func:`bm25_baseline` scores it directly through the environment's tools, and
+:class:`BM25BaselineRule` plays it over a rendered transcript (``toolgym eval --policy scripted``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toolgym.core import Completion, Message, SamplingParams, Task
+from toolgym.envs.arxiv_tasks import CONTEXT_END, CONTEXT_START, DEFAULT_MAX_TURNS
+from toolgym.errors import ConfigError
+from toolgym.parsing import format_tool_call
+
+if TYPE_CHECKING:
+    from toolgym.envs.arxiv_refs import ArxivRefsEnv
+
+__all__ = [
+    "MAX_QUERY_WORDS",
+    "BM25BaselinePolicy",
+    "BM25BaselineRule",
+    "BaselineResult",
+    "baseline_rule",
+    "bm25_baseline",
+    "placeholder_queries",
+]
+
+#: Longest baseline query (words): keeps each search call short enough for a small token budget.
+MAX_QUERY_WORDS = 32
+
+
+def placeholder_queries(prompt: str, max_queries: int = DEFAULT_MAX_TURNS - 1) -> list[str]:
+    """One query per sentence of the context that holds a placeholder (placeholders and formulas removed).
+
+    With more such sentences than ``max_queries``, consecutive sentences are joined so that the
+    whole context is still covered in ``max_queries`` searches. A query keeps at most
+    ``MAX_QUERY_WORDS`` words (a joined query: an equal share of each sentence's first words).
+    """
+    start, end = prompt.find(CONTEXT_START), prompt.find(CONTEXT_END)
+    context = prompt[start + len(CONTEXT_START) : end] if 0 <= start < end else prompt
+    sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z\[])", context)
+    queries = []
+    for sentence in sentences:
+        if "[CITATION" not in sentence:
+            continue
+        text = re.sub(r"\[CITATION \d+\]|\$[^$]*\$|\[(?:FORMULA|FIGURE|TABLE)\]", " ", sentence)
+        text = " ".join(re.findall(r"[^\W_]+(?:[-'][^\W_]+)*", text)[:MAX_QUERY_WORDS])
+        if text:
+            queries.append(text)
+    if len(queries) > max_queries >= 1:
+        size = -(-len(queries) // max_queries)
+        share = max(1, MAX_QUERY_WORDS // size)
+        queries = [
+            " ".join(w for q in queries[i : i + size] for w in q.split()[:share])
+            for i in range(0, len(queries), size)
+        ]
+    return queries
+
+
+def _submission(result_lists: Sequence[Sequence[str]], k: int) -> list[str]:
+    """The top ``k`` ids of each result list, in order, without repeats."""
+    return list(dict.fromkeys(i for ids in result_lists for i in list(ids)[:k]))
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    """Mean reward and metrics of the scripted BM25 baseline, with per-task rewards."""
+
+    mean_reward: float
+    metrics: dict[str, float]
+    rewards: dict[str, float]
+
+
+def bm25_baseline(
+    env_or_tasks: ArxivRefsEnv | Sequence[Task], k: int = 2, max_queries: int = DEFAULT_MAX_TURNS - 1
+) -> BaselineResult:
+    """Score the scripted agent: search each placeholder sentence, submit the top ``k`` hits of each.
+
+    Given tasks instead of an environment, they are scored in a default :class:`ArxivRefsEnv`. The
+    searches go through the same per-task filtered tools the agent gets, so this is an honest floor.
+    """
+    from toolgym.envs.arxiv_refs import ArxivRefsEnv  # here: arxiv_refs re-exports this module
+
+    env = env_or_tasks if isinstance(env_or_tasks, ArxivRefsEnv) else ArxivRefsEnv()
+    tasks = env.tasks if isinstance(env_or_tasks, ArxivRefsEnv) else list(env_or_tasks)
+    if not tasks:
+        raise ConfigError("bm25_baseline needs at least one task")
+    rewards: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    for task in tasks:
+        lists = [
+            [r.id for r in env.search(task, q, k)] for q in placeholder_queries(task.prompt, max_queries)
+        ]
+        score = env.verifier.score(task, _submission(lists, k), [])
+        rewards[task.id] = score.reward
+        for key, value in score.metrics.items():
+            sums[key] = sums.get(key, 0.0) + value
+    n = len(tasks)
+    return BaselineResult(sum(rewards.values()) / n, {key: v / n for key, v in sums.items()}, rewards)
+
+
+class BM25BaselineRule:
+    """The BM25 baseline as a rule over the rendered transcript (text in, next assistant turn out).
+
+    It reads only the transcript: the placeholder sentences of the task prompt and the ids in its own
+    search results. One ``search_papers`` call per query (see :func:`placeholder_queries`), then
+    ``submit`` with the top ``k`` ids of each result: the same queries and submission as
+    :func:`bm25_baseline`, so the two agree exactly when ``max_queries < max_turns``.
+    """
+
+    def __init__(self, k: int = 2, max_queries: int = DEFAULT_MAX_TURNS - 1) -> None:
+        if k < 1 or max_queries < 1:
+            raise ConfigError(f"k and max_queries must be >= 1, got k={k}, max_queries={max_queries}")
+        self.k = k
+        self.max_queries = max_queries
+
+    def __call__(self, transcript: str) -> str:
+        user = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", transcript, re.DOTALL)
+        queries = placeholder_queries(user.group(1) if user else transcript, self.max_queries)
+        responses = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", transcript, re.DOTALL)
+        if len(responses) < len(queries):
+            return format_tool_call("search_papers", {"query": queries[len(responses)], "k": self.k})
+        lists = [re.findall(r"^\[([0-9a-f]{10})\]", r, re.MULTILINE) for r in responses]
+        return format_tool_call("submit", {"paper_ids": _submission(lists, self.k)})
+
+
+class BM25BaselinePolicy:
+    """:class:`BM25BaselineRule` as a :class:`~toolgym.core.Policy` (``toolgym eval --policy bm25``).
+
+    Environments may not import ``toolgym.agents`` (the dependency rule that ``tests/test_layout.py``
+    enforces), so the chat template and tokenizer come from ``chat``: any ``toolgym.agents`` chat
+    policy (``ChatPolicy(ByteTokenizer())`` for a model-free run). Its ``render`` and ``complete`` are used; its own ``generate`` never is.
+    """
+
+    name = "bm25"
+
+    def __init__(self, chat: Any, k: int = 2, max_queries: int = DEFAULT_MAX_TURNS - 1) -> None:
+        for attr in ("render", "complete", "tokenizer"):
+            if not hasattr(chat, attr):
+                raise ConfigError(
+                    f"chat must be a toolgym.agents ChatPolicy (needs .{attr}), got {type(chat).__name__}"
+                )
+        self.chat = chat
+        self.rule = BM25BaselineRule(k, max_queries)
+
+    def render(
+        self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False
+    ) -> list[int]:
+        return self.chat.render(messages, continuation=continuation, close_turn=close_turn)
+
+    async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        return self.chat.complete(self.rule(self.chat.tokenizer.decode(token_ids)), sampling)
+
+
+def baseline_rule() -> BM25BaselineRule:
+    """The model-free baseline of ``toolgym eval --policy scripted``: BM25 per placeholder, then submit."""
+    return BM25BaselineRule(2)

@@ -1,0 +1,106 @@
+"""ArxivRefs leakage: what a task's tools may not return, and which query papers share a split.
+
+Anti-leak (per task): the query paper's collection id (which every version, id form and citing
+bibliography entry of it was merged into) is banned; so are records whose text copies the query's
+(:func:`toolgym.tools.paper_copies.near_duplicates`) and, with ``date_filter``, records dated after
+the query paper (compared at the precision both dates know). :func:`banned_ids` computes these sets;
+the environment's tools filter them out of one shared index.
+
+Splits (``split="train" | "test" | "all"``, default ``"all"``, the behaviour before splits existed):
+by query paper. Query papers are grouped when they are one collection record (versions of a paper)
+or when one copies the other's text (the near-duplicate rule above), so a paper and its copy never
+straddle the line; a group goes to ``test`` by the hash rule of :mod:`toolgym.splits` (namespace
+``ArxivRefs``, key ``paper:<smallest collection id of the group>``, test fraction
+:data:`TEST_FRACTION`), unless a corpus record carries its own ``"split"``. The collection and index
+stay whole in every split: they are the world the agent searches, not the tasks. Default data: 27
+train / 13 test tasks (49 groups of one paper each: no two sample papers copy each other).
+"""
+
+from __future__ import annotations
+
+from toolgym.core import Task
+from toolgym.splits import SplitItem, assign_splits, label_tasks
+from toolgym.tools.paper_collection import Collection, UnionFind
+from toolgym.tools.paper_copies import near_duplicates
+
+__all__ = ["SPLIT_NAMESPACE", "TEST_FRACTION", "banned_ids", "label_splits", "split_groups"]
+
+#: Share of query-paper groups the hash rule puts in the test split (the same as SearchQA's; on the 40
+#: default tasks it gives 27 train / 13 test: enough test tasks to report a mean on).
+TEST_FRACTION = 0.25
+#: Namespace of the split hash (see :mod:`toolgym.splits`).
+SPLIT_NAMESPACE = "ArxivRefs"
+
+
+def _later(date: tuple[int, int, int] | None, limit: tuple[int, int, int] | None) -> bool:
+    """True when ``date`` is after ``limit`` at the precision both know (0 = unknown month/day)."""
+    if date is None or limit is None:
+        return False
+    for a, b in zip(date, limit, strict=True):
+        if a == 0 or b == 0:
+            return False
+        if a != b:
+            return a > b
+    return False
+
+
+def banned_ids(
+    collection: Collection,
+    *,
+    date_filter: bool,
+    near_duplicate_threshold: float,
+    dups: dict[str, set[str]] | None = None,
+) -> dict[str, set[str]]:
+    """Per source paper: its own id, its near-duplicates and (optionally) records dated after it.
+
+    ``dups`` is :func:`~toolgym.tools.paper_copies.near_duplicates` at the threshold, when already computed.
+    """
+    if dups is None:
+        dups = near_duplicates(collection, threshold=near_duplicate_threshold)
+    out = {}
+    for paper in collection.papers:
+        ban = {collection.paper_ids[paper.paper_id]} | dups[paper.paper_id]
+        if date_filter:
+            ban |= {r.id for r in collection.records.values() if _later(r.date, paper.date)}
+        out[paper.paper_id] = ban
+    return out
+
+
+def split_groups(collection: Collection, dups: dict[str, set[str]]) -> dict[str, str]:
+    """Per source paper id, its split grouping key: ``paper:<smallest collection id of its group>``.
+
+    Source papers share a group when they map to one collection record, or when one's record is a
+    near-duplicate (``dups``, per source paper) of the other: leakage happens between a paper and its
+    copy just as within one paper.
+    """
+    node = {p.paper_id: i for i, p in enumerate(collection.papers)}
+    groups = UnionFind([{} for _ in collection.papers])  # no ids to guard: a plain union-find
+    by_record: dict[str, list[int]] = {}
+    for paper in collection.papers:
+        by_record.setdefault(collection.paper_ids[paper.paper_id], []).append(node[paper.paper_id])
+    for paper in collection.papers:
+        linked = [collection.paper_ids[paper.paper_id], *sorted(dups.get(paper.paper_id, ()))]
+        for cid in linked:
+            for other in by_record.get(cid, ()):
+                groups.union(node[paper.paper_id], other, guard=())
+    smallest: dict[int, str] = {}
+    for paper in collection.papers:
+        root, cid = groups.find(node[paper.paper_id]), collection.paper_ids[paper.paper_id]
+        smallest[root] = min(smallest.get(root, cid), cid)
+    return {p.paper_id: f"paper:{smallest[groups.find(node[p.paper_id])]}" for p in collection.papers}
+
+
+def label_splits(collection: Collection, tasks: list[Task], dups: dict[str, set[str]]) -> list[Task]:
+    """``tasks`` with ``metadata["split"]`` set by query-paper group (see the module docstring).
+
+    Every source paper takes part, even one without a task, so that its own ``split`` field still
+    binds the papers it is grouped with.
+
+    Raises:
+        ConfigError: papers of one group carry different ``split`` fields.
+    """
+    keys = split_groups(collection, dups)
+    items = [SplitItem(keys[p.paper_id], p.split, p.where) for p in collection.papers]
+    labels = assign_splits(items, namespace=SPLIT_NAMESPACE, test_fraction=TEST_FRACTION)
+    of_paper = {p.paper_id: label for p, label in zip(collection.papers, labels, strict=True)}
+    return label_tasks(tasks, [of_paper[t.metadata["paper_id"]] for t in tasks])
