@@ -25,17 +25,32 @@ MALFORMED = [
     (
         "bad json",
         TC('{"name": "search", "arguments": {"query": "a"'),
-        "Error: tool call is not valid JSON: Expecting ',' delimiter at line 1 column 46",
+        "Error: tool call is not valid JSON: Expecting ',' delimiter at column 46",
     ),
     (
         "single quotes",
         TC("{'name': 'search'}"),
-        "Error: tool call is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2",
+        "Error: tool call is not valid JSON: Expecting property name enclosed in double quotes at column 2",
     ),
     (
         "trailing text in tag",
         TC('{"name": "search", "arguments": {"query": "a"}} please'),
-        "Error: tool call is not valid JSON: Extra data at line 1 column 49",
+        "Error: tool call is not valid JSON: Extra data at column 49",
+    ),
+    (
+        "unterminated string",
+        TC('{"name": "search", "arguments": {"query": "a}}'),
+        "Error: tool call is not valid JSON: Unterminated string starting at column 43",
+    ),
+    (
+        "control character in a string",
+        TC('{"name": "search", "arguments": {"query": "a\tb"}}'),
+        "Error: tool call is not valid JSON: Invalid control character at column 45",
+    ),
+    (
+        "bad json over several lines",
+        TC('{"name": "search",\n "arguments": {"query": "a"\n}'),
+        "Error: tool call is not valid JSON: Expecting ',' delimiter at column 2 of line 3",
     ),
     ("empty tag", TC(""), 'Error: empty tool call: expected {"name": ..., "arguments": {...}}'),
     (

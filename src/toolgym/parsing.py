@@ -23,6 +23,7 @@ from typing import Any
 
 import jsonschema
 
+from toolgym.data import json_error
 from toolgym.errors import ToolParseError, did_you_mean
 
 __all__ = ["ParsedTurn", "ToolCall", "format_tool_call", "parse", "tools_system_prompt"]
@@ -200,9 +201,8 @@ def _parse_call(
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
-        errors.append(
-            ToolParseError(f"tool call is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
-        )
+        line = f" of line {exc.lineno}" if exc.lineno > 1 else ""  # a one-line call needs no line number
+        errors.append(ToolParseError(f"tool call is not valid JSON: {json_error(exc)}{line}"))
         return None
     if not isinstance(obj, dict):
         errors.append(
