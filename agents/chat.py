@@ -9,7 +9,9 @@ The template renders::
     <|im_start|>assistant\\n
 
 Tool results are shown to the model as a user turn wrapped in ``<tool_response>`` tags (as Qwen and
-Hermes models are trained to read them); consecutive tool messages share one user turn.
+Hermes models are trained to read them; the tags come from :func:`toolgym.parsing.format_tool_response`,
+so scripted baselines can read them back with :func:`toolgym.parsing.tool_responses`); consecutive
+tool messages share one user turn.
 
 NOTE (token drift): each rendered chunk is tokenised once, on its own, and appended. The assistant's
 ``<|im_end|>`` is *sampled* (mask 1); the newline after it belongs to the next chunk (mask 0).
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from toolgym.core import Message
+from toolgym.parsing import format_tool_response
 
 __all__ = ["ByteTokenizer", "ChatMLTemplate", "TextTokenizer"]
 
@@ -57,7 +60,7 @@ class ChatMLTemplate:
 
         for message in messages:
             if message["role"] == "tool":
-                pending_tool.append(f"<tool_response>\n{message['content']}\n</tool_response>")
+                pending_tool.append(format_tool_response(message["content"]))
                 continue
             if message["role"] == "user" and pending_tool:
                 # A note that follows tool results (e.g. the scaffold's budget) joins their user turn.

@@ -36,6 +36,7 @@ from typing import Any
 from toolgym.agents.chat import IM_END, IM_START
 from toolgym.agents.models import file_sha256, safetensors_problem
 from toolgym.errors import ConfigError
+from toolgym.parsing import RESPONSE_CLOSE, RESPONSE_OPEN
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -67,8 +68,8 @@ CHAT_TEMPLATE = (
     "{%- set ns = namespace(tool='') -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'tool' -%}"
-    "{%- set ns.tool = ns.tool + ('\\n' if ns.tool else '') + '<tool_response>\\n' + message['content']"
-    " + '\\n</tool_response>' -%}"
+    "{%- set ns.tool = ns.tool + ('\\n' if ns.tool else '') + '" + RESPONSE_OPEN + "\\n' + message['content']"
+    " + '\\n" + RESPONSE_CLOSE + "' -%}"
     "{%- elif message['role'] == 'user' and ns.tool -%}"
     "{{- '" + IM_START + "user\\n' + ns.tool + '\\n' + message['content'] + '" + IM_END + "\\n' -}}"
     "{%- set ns.tool = '' -%}"

@@ -40,7 +40,7 @@ from typing import Any
 
 from toolgym.core import Completion, Message, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
-from toolgym.parsing import CLOSE, OPEN
+from toolgym.parsing import CLOSE, OPEN, format_tool_response
 
 __all__ = ["HTTPPolicy", "JsonLinesCodec", "openai_messages", "turn_text"]
 
@@ -108,7 +108,7 @@ def openai_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
     for message in messages:
         role, content = message["role"], message["content"]
         if role == "tool":
-            pending.append(f"<tool_response>\n{content}\n</tool_response>")
+            pending.append(format_tool_response(content))
             continue
         if role == "user" and pending:
             pending.append(content)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from toolgym.core import Completion, Message, SamplingParams, Task
 from toolgym.envs.arxiv_tasks import CONTEXT_END, CONTEXT_START, DEFAULT_MAX_TURNS
 from toolgym.errors import ConfigError
-from toolgym.parsing import format_tool_call
+from toolgym.parsing import format_tool_call, tool_responses
 
 if TYPE_CHECKING:
     from toolgym.envs.arxiv_refs import ArxivRefsEnv
@@ -122,7 +122,7 @@ class BM25BaselineRule:
     def __call__(self, transcript: str) -> str:
         user = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", transcript, re.DOTALL)
         queries = placeholder_queries(user.group(1) if user else transcript, self.max_queries)
-        responses = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", transcript, re.DOTALL)
+        responses = tool_responses(transcript)
         if len(responses) < len(queries):
             return format_tool_call("search_papers", {"query": queries[len(responses)], "k": self.k})
         lists = [re.findall(r"^\[([0-9a-f]{10})\]", r, re.MULTILINE) for r in responses]

@@ -41,7 +41,7 @@ from toolgym.core import FunctionTool, Message, Score, Task, Tool
 from toolgym.data import iter_records
 from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError, ToolCallError, did_you_mean
-from toolgym.parsing import format_tool_call
+from toolgym.parsing import format_tool_call, tool_responses
 from toolgym.splits import (
     SplitItem,
     assign_splits,
@@ -65,6 +65,8 @@ __all__ = [
 METRICS = ("em", "f1")
 MAX_K = 10
 SNIPPET_CHARS = 240
+#: The first result line of a ``search`` observation, ``[doc_id] title: snippet`` (the baseline reads its title).
+_TOP_HIT = re.compile(r"\[[^\]]+\] ([^:\n]+):")
 #: Share of question groups (documents) the hash rule puts in the test split.
 TEST_FRACTION = 0.25
 #: Namespace of the split hash (see :mod:`toolgym.splits`).
@@ -388,13 +390,15 @@ def baseline_rule() -> Callable[[str], str]:
     """
 
     def rule(transcript: str) -> str:
-        if "<tool_response>" not in transcript:
+        if not tool_responses(transcript):
             questions = re.findall(r"Question: (.*)", transcript)  # the last: a demonstration may precede
             return format_tool_call(
                 "search", {"query": questions[-1] if questions else transcript[-200:], "k": 1}
             )
-        hit = re.search(r"<tool_response>\n\[[^\]]+\] ([^:\n]+):", transcript.rsplit("Question: ", 1)[-1])
-        return format_tool_call("answer", {"answer": hit.group(1) if hit else "unknown"})
+        episode = transcript.rsplit("Question: ", 1)[-1]  # after the worked example, if any
+        hits = (_TOP_HIT.match(result) for result in tool_responses(episode))
+        title = next((hit.group(1) for hit in hits if hit), "unknown")
+        return format_tool_call("answer", {"answer": title})
 
     return rule
 
@@ -413,10 +417,10 @@ def reference_rule(task: Task) -> Callable[[str], str]:
 
     def rule(transcript: str) -> str:
         episode = transcript.rsplit("Question: ", 1)[-1]  # after the worked example, if any
-        if "<tool_response>" not in episode:
+        results = tool_responses(episode)
+        if not results:
             return format_tool_call("search", {"query": question, "k": 3})
-        results = episode.split("<tool_response>", 1)[1]
-        seen = next((g for g in golds if g in results), None)
+        seen = next((g for g in golds if any(g in result for result in results)), None)
         return format_tool_call("answer", {"answer": seen if seen is not None else "unknown"})
 
     return rule

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from toolgym.parsing import format_tool_call, parse
+from toolgym.parsing import format_tool_call, format_tool_response, parse, tool_responses
 
 TOOLS = {
     "search": {
@@ -193,3 +193,10 @@ def test_answer_tag_and_plain_text():
 def test_unicode_arguments_survive():
     turn = parse(format_tool_call("search", {"query": "Zürich 東京 🚀"}), TOOLS)
     assert turn.calls[0].arguments["query"] == "Zürich 東京 🚀"
+
+
+def test_tool_responses_read_back_what_format_tool_response_writes():
+    results = ["[d1] Title: text", "line one\nline two", "Error: search: empty query"]
+    transcript = "<|im_start|>user\n" + "\n".join(format_tool_response(r) for r in results) + "<|im_end|>\n"
+    assert tool_responses(transcript) == results
+    assert tool_responses("<|im_start|>user\nno results here<|im_end|>\n") == []

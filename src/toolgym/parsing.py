@@ -9,8 +9,15 @@ running it is the environment's (a second stage with its own error type, ``ToolC
 malformed call becomes a :class:`~toolgym.errors.ToolParseError` *value* in ``ParsedTurn.errors`` whose
 ``observation()`` is shown to the model; nothing here ends an episode.
 
-The parser lives in the core (not in ``toolgym.agents``) because environments parse their actions and
-may not depend on agents (DESIGN.md §2); ``toolgym.agents`` re-exports it.
+Tool results travel back the same way for every model: each ``tool`` message is shown as
+``<tool_response>\n{result}\n</tool_response>`` (:func:`format_tool_response`), and rule-based
+policies read them back out of a rendered transcript with :func:`tool_responses`. Chat templates,
+HTTP servers and environments' scripted baselines all use these two functions, so the chat format is
+written down once.
+
+The parser and the response format live in the core (not in ``toolgym.agents``) because environments
+parse their actions and may not depend on agents (see ARCHITECTURE.md, "Dependency rule");
+``toolgym.agents`` re-exports the parser.
 """
 
 from __future__ import annotations
@@ -26,9 +33,19 @@ import jsonschema
 from toolgym.data import json_error
 from toolgym.errors import ToolParseError, did_you_mean
 
-__all__ = ["ParsedTurn", "ToolCall", "format_tool_call", "parse", "tools_system_prompt"]
+__all__ = [
+    "ParsedTurn",
+    "ToolCall",
+    "format_tool_call",
+    "format_tool_response",
+    "parse",
+    "tool_responses",
+    "tools_system_prompt",
+]
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+_RESPONSE = re.compile(re.escape(RESPONSE_OPEN) + r"\n(.*?)\n" + re.escape(RESPONSE_CLOSE), re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)
 #: Longest accepted tool call (characters between the tags). Larger calls are refused, not parsed.
 MAX_CALL_CHARS = 65_536
@@ -73,6 +90,24 @@ def tools_system_prompt(schemas: list[dict[str, Any]]) -> str:
 def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
     """Render a call in the default format (what a well-behaved model writes)."""
     return f"{OPEN}{json.dumps({'name': name, 'arguments': dict(arguments)}, ensure_ascii=False)}{CLOSE}"
+
+
+def format_tool_response(content: str) -> str:
+    """One tool result as the model reads it (the Hermes / Qwen convention).
+
+    Chat templates render each ``tool`` message this way, so a model trained on those families reads
+    results where it expects them; :func:`tool_responses` is the inverse.
+    """
+    return f"{RESPONSE_OPEN}\n{content}\n{RESPONSE_CLOSE}"
+
+
+def tool_responses(transcript: str) -> list[str]:
+    """The tool results shown in a rendered transcript, in order (the inverse of :func:`format_tool_response`).
+
+    For rule-based policies that read a decoded conversation (scripted baselines, demonstrations): they
+    depend on this function, not on the tags, so environments never parse the agents' chat format by hand.
+    """
+    return _RESPONSE.findall(transcript)
 
 
 def _example_value(schema: Mapping[str, Any]) -> Any:
