@@ -276,20 +276,16 @@ def check_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
     """Refuse keyword arguments the environment's constructor (and ``gymnasium.make``) does not take.
 
     Raises:
-        ConfigError: an unknown name, with "did you mean" and the accepted names.
+        ConfigError: an unknown id or argument name, with "did you mean" (and the accepted names).
     """
-    import importlib
     import inspect
 
     from gymnasium.envs.registration import load_env_creator
 
-    from toolgym.registry import register_all
+    from toolgym.registry import check_id
 
-    register_all()
-    if ":" in env_id:  # gymnasium's "module:id" form: the module registers the id
-        module, env_id = env_id.split(":", 1)
-        importlib.import_module(module)
-    spec = gymnasium.spec(env_id)
+    check_id(env_id)  # an unknown id says "did you mean"; a module:id imports its module
+    spec = gymnasium.spec(env_id.rpartition(":")[2])
     creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
     try:
         params = inspect.signature(creator).parameters

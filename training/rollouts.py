@@ -19,56 +19,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import gymnasium
 import numpy as np
 
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
-from toolgym.env import RetryPolicy
 from toolgym.errors import ConfigError, InfraDown, InfraError, did_you_mean
-from toolgym.registry import register_all
+from toolgym.registry import make
 
 __all__ = ["Group", "GroupSampler", "InfraGuard", "RolloutWorkers", "env_factory", "make_env"]
-
-#: Keys of an environment's kwargs that ``make_env`` takes for the environment boundary's
-#: :class:`~toolgym.env.RetryPolicy` instead of passing them to the environment's constructor.
-RETRY_KWARGS = ("infra_retries", "infra_backoff_s")
 
 log = logging.getLogger(__name__)
 
 
-def make_env(env_id: str, kwargs: dict) -> gymnasium.Env:
-    """An environment by registered id only (never a concrete class), with "did you mean" on typos.
+def make_env(env_id: str, kwargs: Mapping[str, Any]) -> gymnasium.Env:
+    """An environment by registered id only (never a concrete class): :func:`toolgym.registry.make`.
 
-    ``kwargs`` go to the environment, except ``infra_retries`` and ``infra_backoff_s``, which set the
-    environment boundary's :class:`~toolgym.env.RetryPolicy` (so ``env.kwargs.infra_retries=4`` works
-    for any toolgym environment, in-process or on Ray actors).
+    Kept for the trainer's config-shaped call (``kwargs`` as one mapping); the id check with "did you
+    mean" and the ``infra_retries`` / ``infra_backoff_s`` retry settings live in the registry.
     """
-    register_all()
-    kwargs = dict(kwargs)
-    retry = {key.removeprefix("infra_"): kwargs.pop(key) for key in RETRY_KWARGS if key in kwargs}
-    try:
-        env = gymnasium.make(env_id, **kwargs)
-    except gymnasium.error.Error as exc:
-        if (
-            "NameNotFound" in type(exc).__name__
-            or "VersionNotFound" in type(exc).__name__
-            or "Namespace" in type(exc).__name__
-        ):
-            known = list(gymnasium.registry)
-            raise ConfigError(
-                f"unknown environment id {env_id!r}.{did_you_mean(env_id.split(':')[-1], known)}"
-            ) from exc
-        raise
-    if retry:
-        if not hasattr(env.unwrapped, "retry"):
-            env.close()
-            raise ConfigError(f"{env_id} is not a toolgym ToolEnv: it takes no {', '.join(sorted(retry))}")
-        env.unwrapped.retry = RetryPolicy(**retry)
-    return env
+    return make(env_id, **kwargs)
 
 
 def env_factory(
@@ -244,12 +218,7 @@ class RolloutWorkers:
                 self.harness,
                 seed=seed,
                 options=options,
-                sampling=SamplingParams(
-                    max_tokens=self.sampling.max_tokens,
-                    temperature=self.sampling.temperature,
-                    top_p=self.sampling.top_p,
-                    seed=seed,
-                ),
+                sampling=replace(self.sampling, seed=seed),
                 max_total_tokens=self.max_total_tokens,
             )
         finally:

@@ -3,18 +3,28 @@
 The table below is the single list of environments. Entry points are strings, so importing toolgym
 imports no environment module (and none of their optional dependencies). A behaviour change to an
 environment bumps its version.
+
+:func:`make` is the one way toolgym builds an environment from an id (the CLI, evaluation and the
+trainer all come here): an unknown id is a :class:`~toolgym.errors.ConfigError` with "did you mean",
+and the environment boundary's retry settings may ride along with the environment's own arguments.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium
 
+from toolgym.env import RetryPolicy
 from toolgym.errors import ConfigError, did_you_mean
 
-__all__ = ["ENVIRONMENTS", "EnvEntry", "check_id", "env_ids", "make", "register_all"]
+__all__ = ["ENVIRONMENTS", "RETRY_KWARGS", "EnvEntry", "check_id", "env_ids", "make", "register_all"]
+
+#: Keyword arguments :func:`make` takes for the environment boundary's
+#: :class:`~toolgym.env.RetryPolicy` instead of passing them to the environment's constructor.
+RETRY_KWARGS = ("infra_retries", "infra_backoff_s")
 
 
 @dataclass(frozen=True)
@@ -57,17 +67,47 @@ def env_ids() -> list[str]:
 def make(env_id: str, **kwargs: Any) -> gymnasium.Env:
     """``gymnasium.make`` with a "did you mean" answer for unknown ids.
 
-    Any id registered with gymnasium works (your own environments too, once their module is imported).
+    Any id registered with gymnasium works (your own environments too, once their module is imported,
+    or named in gymnasium's ``module:id`` form). ``kwargs`` go to the environment, except
+    ``infra_retries`` and ``infra_backoff_s``, which set the environment boundary's
+    :class:`~toolgym.env.RetryPolicy` (so ``env.kwargs.infra_retries=4`` works for any toolgym
+    environment, in-process or on Ray actors).
+
+    Raises:
+        ConfigError: an unknown id (with "did you mean"), or retry settings for an environment that
+            is not a :class:`~toolgym.env.ToolEnv`.
     """
     check_id(env_id)
-    return gymnasium.make(env_id, **kwargs)
+    retry = {key.removeprefix("infra_"): kwargs.pop(key) for key in RETRY_KWARGS if key in kwargs}
+    env = gymnasium.make(env_id, **kwargs)
+    if retry:
+        if not hasattr(env.unwrapped, "retry"):
+            env.close()
+            raise ConfigError(f"{env_id} is not a toolgym ToolEnv: it takes no {', '.join(sorted(retry))}")
+        env.unwrapped.retry = RetryPolicy(**retry)
+    return env
 
 
 def check_id(env_id: str) -> None:
-    """Raise :class:`ConfigError` with a suggestion unless ``env_id`` is registered."""
+    """Raise :class:`ConfigError` with a suggestion unless ``gymnasium.make`` would find ``env_id``.
+
+    In gymnasium's ``module:id`` form the module is imported first (it registers the id), as
+    ``gymnasium.make`` does.
+    """
     register_all()
-    if env_id not in gymnasium.registry:
+    module, sep, name = env_id.rpartition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(
+                f"environment id {env_id!r} names module {module!r}, which cannot be imported ({exc}); "
+                "fix the module name or run from the folder that holds it"
+            ) from exc
+    try:
+        gymnasium.spec(name)
+    except gymnasium.error.Error:
         raise ConfigError(
-            f"unknown environment id {env_id!r}.{did_you_mean(env_id, [*env_ids(), *gymnasium.registry])} "
+            f"unknown environment id {name!r}.{did_you_mean(name, [*env_ids(), *gymnasium.registry])} "
             f"toolgym registers: {', '.join(env_ids())} (see `toolgym envs`)"
-        )
+        ) from None
