@@ -117,3 +117,32 @@ def start_dockerd() -> None:
     """Start the engine exactly as CI does (``.ci/docker.sh``), which waits until ``docker info`` answers."""
     subprocess.run(["bash", str(REPO / ".ci" / "docker.sh")], check=True, timeout=300, start_new_session=True)
     assert docker_answers()
+
+
+# ------------------------------------------------------------------ an environment with a verifier bug
+BROKEN_VERIFIER_ID = "toolgym-test/LettersBrokenVerifier-v0"
+
+
+class _BrokenVerifier:
+    def score(self, task, answer, trajectory):  # type: ignore[no-untyped-def]
+        from toolgym.errors import VerifierError
+
+        raise VerifierError(f"the reference of {task.id} cannot be checked (injected bug)")
+
+
+def _broken_letters(**kwargs):  # type: ignore[no-untyped-def]
+    from toy_env import LettersEnv
+
+    env = LettersEnv(**kwargs)
+    env.verifier = _BrokenVerifier()
+    return env
+
+
+def _register() -> None:
+    import gymnasium
+
+    if BROKEN_VERIFIER_ID not in gymnasium.registry:
+        gymnasium.register(id=BROKEN_VERIFIER_ID, entry_point=_broken_letters)
+
+
+_register()

@@ -240,3 +240,18 @@ def test_infra_guard_counts_only_consecutive_groups_without_a_usable_sample() ->
     assert guard.consecutive == 1
     with pytest.raises(InfraDown, match=r"the last 2 groups \(up to group 3\).*Last error: E3"):
         guard.observe(group(3, "infra_error", "infra_error"))
+
+
+async def test_a_verifier_bug_stops_the_run_instead_of_being_trained_around(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from toolgym.errors import VerifierError
+
+    config = replace(CONFIG, env=replace(CONFIG.env, id="faultkit:toolgym-test/LettersBrokenVerifier-v0"))
+    trainer = Trainer(config, tmp_path, policy=tiny())
+    try:
+        with pytest.raises(VerifierError, match="cannot be checked"):
+            await trainer.run()
+    finally:
+        trainer.close()
+    assert trainer.step == 0 and not (tmp_path / "metrics.jsonl").exists()  # nothing scored as 0
