@@ -10,9 +10,9 @@ from pathlib import Path
 
 import gymnasium
 import pytest
-from gymnasium.utils.env_checker import check_env
 
 from toolgym.cli import main, render_template
+from toolgym.envs import check_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,9 +140,7 @@ def test_environments_md_example_is_the_template_and_runs(tmp_path):
     assert block == render_template("env_module.py.txt", "Calculator", "calculator_env")
     namespace: dict = {"__name__": "calculator_env_doc"}
     exec(compile(block, "environments.md", "exec"), namespace)
-    env = gymnasium.make(namespace["ENV_ID"])
-    check_env(env.unwrapped)
-    env.close()
+    check_env(gymnasium.make(namespace["ENV_ID"]))  # gymnasium's checker and toolgym's contract
 
 
 def test_new_env_writes_a_skeleton_whose_test_passes(tmp_path):
