@@ -1,4 +1,4 @@
-"""Layout and dependency-direction checks (DESIGN.md §1-§2), on the source tree."""
+"""Layout and dependency-direction checks (ARCHITECTURE.md, "Dependency rule"), on the source tree."""
 
 from __future__ import annotations
 

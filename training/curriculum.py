@@ -1,4 +1,4 @@
-"""A curriculum that unlocks tools in stages, on measured signals (DESIGN.md §7).
+"""A curriculum that unlocks tools in stages, on measured signals (the trainer's lever on ``options["tools"]``).
 
 Stages are growing tool sets, e.g. ``answer`` only, then ``+search``, then ``+open``. The trainer asks
 :meth:`ToolCurriculum.tools_for` which tools an episode may use (passed to the environment as

@@ -1,4 +1,4 @@
-"""Contracts shared by every part of toolgym (DESIGN.md §3).
+"""Contracts shared by every part of toolgym (the map of all of them: ARCHITECTURE.md, "Contracts").
 
 This module is mostly docstrings on purpose: it is the one place to read what a Task, a Tool, a
 Verifier, a Policy, a Harness and a Trajectory promise. Environments live in ``toolgym.envs``, tools in
