@@ -37,7 +37,7 @@ from toolgym.errors import ConfigError, did_you_mean
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["WarmStartConfig", "WarmStartResult", "fine_tune", "rejection_sample"]
+__all__ = ["WarmStartConfig", "WarmStartResult", "fine_tune", "rejection_sample", "sampled_nll"]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ class WarmStartConfig:
             solver that may read the task's reference, e.g. SearchQA: search the question, copy the
             gold answer if the results show it), tokenised with the policy's own tokenizer and chat
             template. Either way only episodes the verifier rewards (``min_reward``) are kept.
-        tasks: how many of the trainer's tasks to sample (0 = all of them), taken in the trainer's
-            own task order.
+        tasks: how many of the trainer's tasks to use (0 = all of them): a seeded random choice, so
+            that they spread over the whole task list rather than its first documents.
         tools: the tool set offered while sampling (empty = every tool of the environment).
         min_reward: keep an episode when its verifier reward is at least this.
         keep_per_task: at most this many kept episodes per task (the highest rewards; 0 = no cap), so
@@ -170,7 +170,9 @@ async def rejection_sample(
     """
     from toolgym.agents.rollout import run_episode
 
-    ids = list(task_ids[: config.tasks] if config.tasks else task_ids)
+    ids = list(task_ids)
+    if config.tasks and config.tasks < len(ids):
+        ids = random.Random(seed).sample(ids, config.tasks)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=config.temperature)
     options_tools = {"tools": list(config.tools)} if config.tools else {}
     semaphore = asyncio.Semaphore(config.concurrency)
@@ -207,10 +209,46 @@ async def rejection_sample(
             env.close()
     kept: list[Trajectory] = []
     for i in range(len(ids)):
-        mine = [t for t in episodes[i * config.samples : (i + 1) * config.samples] if _usable(t, config.min_reward)]
+        mine = [
+            t
+            for t in episodes[i * config.samples : (i + 1) * config.samples]
+            if _usable(t, config.min_reward)
+        ]
         mine.sort(key=lambda t: -t.reward)  # stable: ties stay in sampling order
         kept.extend(mine[: config.keep_per_task] if config.keep_per_task else mine)
     return list(episodes), kept
+
+
+def sampled_nll(model: torch.nn.Module, chunk: Sequence[Trajectory]) -> tuple[torch.Tensor, int]:
+    """Summed negative log-likelihood of the chunk's mask-1 tokens, and how many there are.
+
+    Only the positions that predict a sampled token go through the output layer
+    (``logits_to_keep``): a SearchQA episode is ~800 tokens of which ~80 are sampled, and full-vocabulary
+    logits over every position would cost ~10x the memory (a micro-batch of 8 episodes needed ~18 GB
+    that way on SmolLM2's 49k vocabulary). The values equal :func:`~toolgym.training.loss.token_logprobs`
+    at those positions (temperature 1), as a test checks.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    length = max(len(t.token_ids) for t in chunk)
+    ids = torch.zeros((len(chunk), length), dtype=torch.long)
+    valid = torch.zeros((len(chunk), length), dtype=torch.long)
+    mask = torch.zeros((len(chunk), length), dtype=torch.float32)
+    for row, t in enumerate(chunk):
+        ids[row, : len(t.token_ids)] = torch.tensor(t.token_ids, dtype=torch.long)
+        valid[row, : len(t.token_ids)] = 1
+        mask[row, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+    mask[:, 0] = 0.0  # the first token has no prefix to predict it from
+    targets = torch.nonzero(mask.any(dim=0)).squeeze(-1)  # positions holding a sampled token (any row)
+    if targets.numel() == 0:
+        return torch.zeros((), device=device, requires_grad=True), 0
+    ids, valid, mask, targets = ids.to(device), valid.to(device), mask.to(device), targets.to(device)
+    logits = model(input_ids=ids, attention_mask=valid, logits_to_keep=targets - 1).logits.float()
+    logp = torch.log_softmax(logits, dim=-1)  # [B, K, V]: position targets[k] - 1 predicts targets[k]
+    taken = torch.gather(logp, -1, ids[:, targets].unsqueeze(-1)).squeeze(-1)
+    weights = mask[:, targets]
+    return -(taken * weights).sum(), int(weights.sum().item())
 
 
 def fine_tune(
@@ -223,13 +261,12 @@ def fine_tune(
 ) -> list[float]:
     """Minimise the mean NLL of the trajectories' mask-1 tokens; returns the mean loss of each epoch.
 
-    The loss is normalised by the number of sampled tokens in the whole epoch (each token weighs the
-    same, whatever its sequence's length); one optimizer step per micro-batch. ``lock`` (the policy's
+    One optimizer step per micro-batch, on that micro-batch's mean token NLL. ``lock`` (the policy's
     weights lock) is held around each update so a concurrent sampler never sees half-updated weights.
     """
     import torch
 
-    from toolgym.training.loss import check_token_receipt, token_logprobs
+    from toolgym.training.loss import check_token_receipt
 
     if not trajectories:
         return []
@@ -239,23 +276,14 @@ def fine_tune(
     order = list(range(len(trajectories)))
     rng = random.Random(seed)
     losses: list[float] = []
-    device = next(model.parameters()).device
     for _ in range(config.epochs):
         rng.shuffle(order)
         epoch_nll, epoch_tokens = 0.0, 0
         for start in range(0, len(order), config.micro_batch):
             chunk = [trajectories[k] for k in order[start : start + config.micro_batch]]
-            logp, _ = token_logprobs(model, [t.token_ids for t in chunk])
-            mask = torch.zeros(logp.shape, device=device)
-            for row, trajectory in enumerate(chunk):
-                mask[row, : len(trajectory.loss_mask)] = torch.tensor(
-                    trajectory.loss_mask, dtype=torch.float32, device=device
-                )
-            tokens = int(mask.sum().item())
-            nll = -(logp * mask).sum()
-            loss = nll / max(tokens, 1)
+            nll, tokens = sampled_nll(model, chunk)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (nll / max(tokens, 1)).backward()
             if lock is not None:
                 with lock:
                     optimizer.step()

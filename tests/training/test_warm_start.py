@@ -185,3 +185,22 @@ async def test_demonstrations_are_kept_by_the_verifier_and_trained_on(tmp_path: 
     assert all(t.reward == 1.0 for t in kept)
     losses = fine_tune(policy.model, kept, WarmStartConfig(samples=1, epochs=2, lr=0.01), seed=0)
     assert len(losses) == 2 and losses[1] < losses[0]
+
+
+def test_sampled_nll_equals_the_full_forward_pass() -> None:
+    from toolgym.training.warm_start import sampled_nll
+
+    model = TinyPolicy(hidden=32, layers=2, seed=1).model
+    rows = [
+        _trajectory([7, 8, 9, 10, 11, 12, 13], [0, 0, 0, 1, 1, 0, 1]),
+        _trajectory([7, 8, 20, 21], [0, 0, 1, 1]),
+        _trajectory([30, 31, 32, 33, 34], [0, 1, 0, 0, 1]),
+    ]
+    nll, tokens = sampled_nll(model, rows)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, [t.token_ids for t in rows])
+    expected = -sum(
+        float(logp[i, j]) for i, t in enumerate(rows) for j, m in enumerate(t.loss_mask) if m and j > 0
+    )
+    assert tokens == 7
+    assert float(nll) == pytest.approx(expected, abs=1e-5)
