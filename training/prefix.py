@@ -60,6 +60,8 @@ class SequenceScorer:
         share_prefix: compute the common prefix once (``False``: a full forward pass per micro-batch).
         grad: build the autograd graph (the learner); ``False`` for a reference model.
         pad_id: token id used for right padding (never attended to by real positions).
+        masks: per sequence, 1 where the caller reads the logprob (the loss mask); with sharing, logits
+            are computed only at positions some sequence reads (see :meth:`logprobs`). ``None`` reads all.
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class SequenceScorer:
         share_prefix: bool = True,
         grad: bool = True,
         pad_id: int = 0,
+        masks: Sequence[Sequence[int]] | None = None,
     ) -> None:
         if not sequences:
             raise ValueError("SequenceScorer needs at least one sequence")
@@ -81,39 +84,62 @@ class SequenceScorer:
         self._roots: list[torch.Tensor] = []  # the same tensors inside the context's graph
         shared = common_prefix_length(sequences) if share_prefix and len(sequences) >= 2 else 0
         if shared >= 2:
-            self._run_context(tuple(sequences[0][:shared]))
+            self._run_context(tuple(sequences[0][:shared]), masks)
 
     @property
     def shared(self) -> int:
         """Tokens computed once for every sequence (0 when the scorer falls back to full passes)."""
         return len(self.prefix)
 
-    def _run_context(self, prefix: tuple[int, ...]) -> None:
+    def _run_context(self, prefix: tuple[int, ...], masks: Sequence[Sequence[int]] | None) -> None:
         from transformers.cache_utils import DynamicLayer
 
         context = torch.tensor([prefix[:-1]], dtype=torch.long, device=self.device)
+        keep = self._read_rows(masks, 1, len(prefix) - 1)
         with torch.set_grad_enabled(self.grad):
-            out = self.model(input_ids=context, use_cache=True)
+            out = self.model(input_ids=context, use_cache=True, logits_to_keep=keep)
             cache = out.past_key_values
             layers = getattr(cache, "layers", None)
             if layers is None or any(type(layer) is not DynamicLayer for layer in layers):
                 log.debug("prefix sharing off: %s is not a plain dynamic cache", type(cache).__name__)
                 return
-            logits = out.logits[0].float()
-            if self.temperature != 1.0:
-                logits = logits / self.temperature
-            targets = torch.tensor(prefix[1:], dtype=torch.long, device=self.device)
-            logp = torch.gather(torch.log_softmax(logits, dim=-1), -1, targets[:, None]).squeeze(-1)
+            targets = torch.tensor([prefix[1:]], dtype=torch.long, device=self.device)
+            logp = self._taken(out.logits, targets, keep)[0]
         roots = [t for layer in layers for t in (layer.keys, layer.values)] + [logp]
         self._roots = roots if self.grad else []
         self._leaves = [t.detach().requires_grad_(self.grad) for t in roots]
         self.prefix = prefix
 
-    def logprobs(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+    def _read_rows(self, masks: Sequence[Sequence[int]] | None, first: int, rows: int) -> torch.Tensor:
+        """Logits rows ``j < rows`` worth computing: row ``j`` predicts token ``first + j``, read if any mask is 1.
+
+        The rest would only feed logprobs that the loss multiplies by 0, so skipping the output layer
+        and the softmax over the vocabulary there changes no loss value and no gradient.
+        """
+        if masks is None:
+            return torch.arange(rows, device=self.device)
+        keep = [j for j in range(rows) if any(first + j < len(m) and m[first + j] for m in masks)]
+        return torch.tensor(keep, dtype=torch.long, device=self.device)
+
+    def _taken(self, logits: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """``[B, rows]`` logprobs of ``targets`` from the kept logits rows; 0.0 at rows not kept."""
+        logits = logits.float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        picked = torch.gather(torch.log_softmax(logits, dim=-1), -1, targets[:, keep, None]).squeeze(-1)
+        out = torch.zeros(targets.shape, dtype=picked.dtype, device=self.device)
+        return out.index_copy(1, keep, picked)
+
+    def logprobs(
+        self, sequences: Sequence[Sequence[int]], masks: Sequence[Sequence[int]] | None = None
+    ) -> torch.Tensor:
         """``[B, T]`` logprobs for right-padded ``sequences``: ``[:, t]`` is ``log p(x_t | x_<t)``, ``[:, 0]`` = 0.
 
         The same values (and gradient) as :func:`~toolgym.training.loss.token_logprobs`, ``T`` being
-        the longest sequence. With a shared prefix every sequence must start with it.
+        the longest sequence, at every position that ``masks`` marks (every position without
+        ``masks``). With a shared prefix, positions no mask marks (prompt, tool output, padding) are
+        0.0: the output layer is not run there, which is a large part of a small model's cost. With a
+        shared prefix every sequence must start with it.
         """
         if self.prefix and not self._leaves:
             raise RuntimeError("SequenceScorer.logprobs called after backward(); build a new scorer")
@@ -146,12 +172,16 @@ class SequenceScorer:
                 for i in range(0, len(kv), 2)
             ]
         )
+        keep = self._read_rows(masks, shared, width - 1)  # suffix row j predicts token shared + j
         with torch.set_grad_enabled(self.grad):
-            out = self.model(input_ids=ids, attention_mask=attention, past_key_values=past, use_cache=True)
-            logits = out.logits[:, :-1, :].float()
-            if self.temperature != 1.0:
-                logits = logits / self.temperature
-            taken = torch.gather(torch.log_softmax(logits, dim=-1), -1, ids[:, 1:, None]).squeeze(-1)
+            out = self.model(
+                input_ids=ids,
+                attention_mask=attention,
+                past_key_values=past,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+            taken = self._taken(out.logits, ids[:, 1:], keep)
             first = torch.zeros((batch, 1), dtype=taken.dtype, device=self.device)
             return torch.cat([first, prefix_logp.expand(batch, -1), taken], dim=1)
 

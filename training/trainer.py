@@ -425,14 +425,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         for unit in plan.groups if tc.share_prefix else (plan.samples,):
             seqs = [s.trajectory.token_ids for s in unit]
-            scoring = {"temperature": self.config.sampling.temperature, "share_prefix": tc.share_prefix}
+            scoring = {
+                "temperature": self.config.sampling.temperature,
+                "share_prefix": tc.share_prefix,
+                "masks": [s.trajectory.loss_mask for s in unit],  # where the loss reads logprobs
+            }
             policy = SequenceScorer(self.model, seqs, **scoring)
             reference = None
             if self.reference is not None:  # the KL's reference model: scored the same way, no graph
                 reference = SequenceScorer(self.reference, seqs, grad=False, **scoring)
             for chunk in micro_batches(unit, tc.micro_batch):
                 batch = pack_batch(chunk, device=policy.device)
-                logp = policy.logprobs(batch.sequences)
+                read = [s.trajectory.loss_mask for s in chunk]
+                logp = policy.logprobs(batch.sequences, read)
                 terms = clipped_pg_loss(
                     logp,
                     batch.behaviour,
@@ -441,7 +446,7 @@ class Trainer:
                     clip_low=tc.clip_low,
                     clip_high=tc.clip_high,
                     kl_coef=tc.kl_coef,
-                    logp_ref=None if reference is None else reference.logprobs(batch.sequences),
+                    logp_ref=None if reference is None else reference.logprobs(batch.sequences, read),
                     num_tokens=total,
                 )
                 terms.loss.backward()

@@ -79,19 +79,21 @@ def _loss_and_grads(
     total = sum(sum(s.trajectory.loss_mask) for s in samples)
     seqs = [s.trajectory.token_ids for s in samples]
     loss = mismatch = 0.0
+    masks = [s.trajectory.loss_mask for s in samples]
     if share:
-        scorer = SequenceScorer(model, seqs, temperature=temperature)
+        scorer = SequenceScorer(model, seqs, temperature=temperature, masks=masks)
         ref = (
             None
             if reference is None
-            else SequenceScorer(reference, seqs, temperature=temperature, grad=False)
+            else SequenceScorer(reference, seqs, temperature=temperature, grad=False, masks=masks)
         )
         assert scorer.shared > 0
     for chunk in micro_batches(samples, micro_batch):
         batch = pack_batch(chunk)
         if share:
-            logp = scorer.logprobs(batch.sequences)
-            logp_ref = None if ref is None else ref.logprobs(batch.sequences)
+            read = [s.trajectory.loss_mask for s in chunk]
+            logp = scorer.logprobs(batch.sequences, read)
+            logp_ref = None if ref is None else ref.logprobs(batch.sequences, read)
         else:
             logp, _ = token_logprobs(model, batch.sequences, temperature=temperature)
             logp_ref = None
@@ -158,6 +160,21 @@ def test_scorer_logprobs_equal_full_passes_on_real_positions(tiny) -> None:
     assert float(((got - full) * valid).abs().max()) < TOL
 
 
+def test_scorer_computes_only_the_positions_the_masks_read(tiny) -> None:
+    samples = _group(258, 30, [12, 6, 9], seed=2)
+    seqs = [s.trajectory.token_ids for s in samples]
+    masks = [s.trajectory.loss_mask for s in samples]
+    with torch.no_grad():
+        full, _ = token_logprobs(tiny, seqs)
+        scorer = SequenceScorer(tiny, seqs, grad=False, masks=masks)
+        got = scorer.logprobs(seqs, masks)
+    read = pack_batch(samples).mask
+    assert 0 < read.sum() < read.numel()
+    assert float(((got - full) * read).abs().max()) < TOL
+    unread = read.sum(dim=0) == 0  # positions no sample of the batch reads are never computed
+    assert unread.any() and torch.equal(got[:, unread], torch.zeros_like(got[:, unread]))
+
+
 def test_no_common_prefix_falls_back_to_full_passes(tiny) -> None:
     seqs = [[5, 6, 7, 8], [9, 6, 7]]
     scorer = SequenceScorer(tiny, seqs)
@@ -206,3 +223,50 @@ async def test_trainer_step_is_the_same_with_and_without_prefix_sharing(tmp_path
     for key in ("pg", "clip_frac", "ratio_mean", "mismatch_kl", "grad_norm"):
         assert on[key] == pytest.approx(off[key], abs=TOL), key
     assert max(float((a - b).abs().max()) for a, b in zip(weights_off, weights_on, strict=True)) < TOL
+
+
+@pytest.mark.model
+def test_shared_prefix_matches_full_passes_on_smollm2() -> None:
+    """The real model on a real SearchQA prompt's end: three samples whose suffixes differ in text and length.
+
+    The shared part is the prompt's last 120 tokens (the question and the assistant header), which keeps
+    the test to seconds; the exactness argument does not depend on the prefix's length.
+    """
+    from toolgym.agents.harness import get_harness
+    from toolgym.agents.hf_policy import HFPolicy
+    from toolgym.training.rollouts import make_env
+
+    policy = HFPolicy()
+    env = make_env("toolgym/SearchQA-v0", {"max_turns": 2})
+    try:
+        obs, _ = env.reset(seed=0, options={"tools": ["answer", "search"]})
+        prompt = policy.render(get_harness("bare").start(obs, max_turns=2))[-120:]
+        call = '<tool_call>{"name": "'
+        turns = [  # all three agree on their first sampled tokens, so the shared part ends inside them
+            [
+                (call + 'search", "arguments": {"query": "Panthers defense"}}</tool_call>', 1),
+                ("doc 7: 308", 0),
+            ],
+            [(call + 'search", "arguments": {"query": "points"}}</tool_call>', 1), ("doc 2", 0), ("ok", 1)],
+            [(call + 'answer", "arguments": {"answer": "24 points"}}</tool_call>', 1)],
+        ]
+        samples = []
+        for i, parts in enumerate(turns):
+            ids, mask = list(prompt), [0] * len(prompt)
+            for text, m in parts:
+                encoded = policy.tokenizer.encode(text)
+                ids += encoded
+                mask += [m] * len(encoded)
+            samples.append(_sample(ids, mask, advantage=(1.0, -0.5, -0.5)[i], seed=i))
+        assert (
+            SequenceScorer(policy.model, [s.trajectory.token_ids for s in samples], grad=False).shared > 120
+        )
+        full = _loss_and_grads(policy.model, samples, share=False, micro_batch=2, temperature=0.6)
+        shared = _loss_and_grads(policy.model, samples, share=True, micro_batch=2, temperature=0.6)
+    finally:
+        env.close()
+        policy.close()
+    assert abs(full[0]) > 1e-3
+    assert shared[0] == pytest.approx(full[0], abs=TOL)
+    assert shared[1] == pytest.approx(full[1], abs=TOL)
+    assert _max_diff(shared[2], full[2]) < TOL
