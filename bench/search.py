@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/search.py [--threads 2] [--rounds 3] [--window 10]
+    python bench/search.py [--threads 2] [--rounds 3] [--window 10] [--smoke]
 
 Two corpora, both real text the package ships (see bench/README.md for the choice):
 
@@ -31,6 +31,8 @@ from pathlib import Path
 from toolgym.tools.index import Index, build_index
 
 DATA = resources.files("toolgym.envs") / "data"
+#: Corpus sizes of a ``--smoke`` run.
+SMOKE_QUESTIONS, SMOKE_DOCS = 50, 1_000
 
 
 def quality_corpus() -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
@@ -121,10 +123,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed passes over the queries (best kept)")
     parser.add_argument("--window", type=int, default=10, help="words per passage in the speed corpus")
     parser.add_argument("--cache", type=Path, default=None, help="index directory (default: a temp dir)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"tiny corpora ({SMOKE_QUESTIONS} questions, {SMOKE_DOCS} documents, {SMOKE_DOCS} passages) and one "
+        "cold start: runs the whole script in seconds so tests keep it working; its numbers mean nothing",
+    )
     args = parser.parse_args()
     root = args.cache or Path(tempfile.mkdtemp(prefix="toolgym-bench-"))
 
     docs, pairs = quality_corpus()
+    if args.smoke:
+        pairs = pairs[:SMOKE_QUESTIONS]
+        gold_ids = {g for _, g in pairs}
+        docs = [d for d in docs if d["id"] in gold_ids] + [d for d in docs if d["id"] not in gold_ids][
+            :SMOKE_DOCS
+        ]
     queries = [q for q, _ in pairs]
     gold = [g for _, g in pairs]
     ranked: dict[str, list[list[str]]] = {}
@@ -139,7 +153,7 @@ def main() -> None:
         f"  mean top-10 overlap default vs pyserini: {overlap_at_10(ranked['default'], ranked['pyserini']):.4f}"
     )
 
-    passages = speed_corpus(args.window)
+    passages = speed_corpus(args.window)[: SMOKE_DOCS if args.smoke else None]
     print(
         f"speed corpus: {len(passages):,} passages of <= {args.window} words; {len(queries):,} queries, k=10"
     )
@@ -153,7 +167,7 @@ def main() -> None:
         single = throughput(index, queries, 1, 1)
         path = index.path
         index.close()
-        cold[backend] = cold_start(path, queries[0])
+        cold[backend] = cold_start(path, queries[0], repeats=1 if args.smoke else 3)
         print(
             f"  {backend:9s} build {built:6.1f} s  {qps[backend]:8,.0f} q/s ({args.threads} threads)  "
             f"{single:8,.0f} q/s (1 thread)  cold start {cold[backend][0]:.2f} s "

@@ -1,0 +1,166 @@
+"""Every ``bench/`` script and every ``python -m`` entry point runs end to end on a tiny budget.
+
+Scripts nobody imports rot silently; these runs keep them working. Each uses the script's own budget
+flags (few episodes, one round, seconds of load) and checks the line that carries its result, not the
+numbers (a benchmark's figures on a tiny budget mean nothing). Heavy ones carry the markers of what
+they need: ``docker`` (the engine and the sandbox image), ``pyserini`` (Lucene), ``slow``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY_ENV_DIR = ROOT / "tests" / "training"  # holds toy_env.py (toolgym-test/Letters-v0)
+
+
+def run(*argv: str | Path, cwd: Path = ROOT, extra_path: Path | None = None) -> str:
+    """Run ``python ARGV`` and return its stdout; a non-zero exit fails with the script's stderr."""
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
+    assert out.returncode == 0, f"{argv} exited {out.returncode}:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    return out.stdout
+
+
+def need_docker() -> None:
+    """Skip only when TOOLGYM_SKIP_DOCKER=1 asks for it (CI never sets it)."""
+    if os.environ.get("TOOLGYM_SKIP_DOCKER") == "1":
+        pytest.skip("TOOLGYM_SKIP_DOCKER=1")
+
+
+def _has_main_guard(path: Path) -> bool:
+    """Whether the module has a top-level ``if __name__ == "__main__":`` (a ``python -m`` entry point)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        test = node.test if isinstance(node, ast.If) else None
+        if (
+            isinstance(test, ast.Compare)
+            and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+        ):
+            return True
+    return False
+
+
+def test_every_script_and_entry_point_has_a_smoke_run():
+    """A new bench script or ``__main__`` module must get a smoke run here."""
+    covered = {
+        "bench/demo_learning.py",
+        "bench/eval.py",
+        "bench/rollout.py",
+        "bench/sandbox.py",
+        "bench/sandbox_load.py",
+        "bench/search.py",
+        "bench/gpu_smoke.sh",
+        "src/toolgym/cli.py",
+        "envs/code_exec.py",
+        "tools/sandbox_image.py",
+    }
+    # scripts without a budget small enough for a smoke run yet, and what they need to get one
+    pending = {
+        "bench/learner.py": "a flag for a tiny group (it times full demo-shaped learner steps on SmolLM2)",
+    }
+    # programs that run inside sandbox containers are not entry points of the host package
+    in_container = ("envs/code_programs/", "tools/sandbox_programs/")
+    found = {str(p.relative_to(ROOT)) for p in (ROOT / "bench").glob("*") if p.suffix in (".py", ".sh")}
+    for folder in ("src/toolgym", "envs", "tools", "agents", "training"):
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = str(path.relative_to(ROOT))
+            if not rel.startswith(in_container) and _has_main_guard(path):
+                found.add(rel)
+    missing = sorted(found - covered - set(pending))
+    assert not missing, f"add a smoke run to tests/test_scripts.py for: {missing}"
+
+
+def test_cli_module_lists_the_environments():
+    out = run("-m", "toolgym.cli", "envs")
+    assert "toolgym/SearchQA-v0" in out and "toolgym/CodeExec-v0" in out
+
+
+def test_gpu_smoke_script_parses():
+    # The script itself needs a CUDA device and minutes (it trains); here only its syntax is checked.
+    out = subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu_smoke.sh")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+def test_bench_rollout():
+    out = run(
+        "bench/rollout.py", "--episodes", "2", "--concurrency", "2", "--latency", "0.01", "--rounds", "1",
+        "--hidden", "16",
+    )  # fmt: skip
+    assert "speed-up (sync / async):" in out
+
+
+@pytest.mark.slow
+def test_training_module_and_bench_demo_learning(tmp_path):
+    run_dir = tmp_path / "run"
+    run(
+        "-m", "toolgym.cli", "train", "--out", run_dir,
+        "env.id=toy_env:toolgym-test/Letters-v0", "policy.kind=tiny", "policy.tiny_hidden=16",
+        "sampling.max_tokens=8", "train.steps=2", "train.tasks_per_step=1", "train.group_size=2",
+        "train.max_off_policy_steps=0",
+        extra_path=TOY_ENV_DIR,
+    )  # fmt: skip
+    out = run("bench/demo_learning.py", run_dir, "--resamples", "100")
+    assert "first fifth (steps 1-1" in out and "last fifth (steps 2-2" in out
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_bench_eval():
+    # one policy (the default HFPolicy): each costs a model load and its episodes; an in-process vLLM
+    # engine would take minutes to start
+    out = run(
+        "bench/eval.py", "--n", "1", "--policies", "hf-after", "--max-tokens", "8", "--max-turns", "1",
+        "--concurrency", "1",
+    )  # fmt: skip
+    assert "| hf-after |" in out and "prefix cache:" in out
+
+
+@pytest.mark.slow
+@pytest.mark.pyserini
+def test_bench_search():
+    out = run("bench/search.py", "--smoke", "--rounds", "1", "--threads", "1")
+    assert "MRR@10" in out and "throughput ratio default / pyserini:" in out
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_bench_sandbox():
+    need_docker()
+    out = run("bench/sandbox.py", "--calls", "1", "--throughput-calls", "1", "--pool-size", "1")
+    assert "speed-up (cold / warm)" in out and "4 worker(s):" in out
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_bench_sandbox_load():
+    need_docker()
+    out = run("bench/sandbox_load.py", "--workers", "1", "--duration-s", "2", "--flood-s", "0.5")
+    assert "leaked containers after close: 0" in out
+
+
+@pytest.mark.docker
+def test_code_exec_module_scores_a_reference_solution():
+    need_docker()
+    out = run("-m", "toolgym.envs.code_exec", "--dataset", "humaneval", "--limit", "1", "--workers", "1")
+    assert re.search(r"^1/1 reference solutions score 1 in ", out, re.MULTILINE), out
+
+
+@pytest.mark.docker
+def test_sandbox_image_module_keeps_the_built_image():
+    need_docker()
+    out = run("-m", "toolgym.tools.sandbox_image")
+    assert "already exists" in out
