@@ -1,4 +1,4 @@
-"""The async GRPO trainer: rollout workers fill a queue while the learner trains (DESIGN.md §7).
+"""The async GRPO trainer: rollout workers fill a queue while the learner trains (see ARCHITECTURE.md).
 
 One loop, readable top to bottom (:meth:`Trainer.run`): take the next ``tasks_per_step`` groups from
 the queue (dropping those more than ``max_off_policy_steps`` policy versions old), compute
@@ -6,7 +6,7 @@ group-relative advantages, take one optimizer step on the token-level clipped lo
 and bump the policy version, let the curriculum observe the step, write metrics and trajectories,
 checkpoint.
 
-Weight sync, by policy (DESIGN.md §7). ``hf`` and ``tiny`` policies sample from the learner's own
+Weight sync, by policy. ``hf`` and ``tiny`` policies sample from the learner's own
 module, so the sync is the version bump under the policy's weights lock. A ``vllm`` policy serves its
 own copy of the weights in an engine process: the learner loads a separate fp32 transformers model of
 the same checkpoint (:func:`learner_model`) and, after each optimizer step, pushes it into the engine
