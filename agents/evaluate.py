@@ -32,6 +32,7 @@ from toolgym.agents.harness import get_harness
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Policy, SamplingParams, Trajectory
 from toolgym.errors import ConfigError, did_you_mean
+from toolgym.registry import make
 
 __all__ = [
     "EvalReport",
@@ -189,7 +190,7 @@ async def evaluate(
     async def one(harness: Any, policy: Policy, i: int, task_id: str) -> Trajectory:
         nonlocal done
         async with semaphore:
-            env = pool.pop() if pool else gymnasium.make(env_id, **env_kwargs)
+            env = pool.pop() if pool else make(env_id, **env_kwargs)
             try:
                 trajectory = await run_episode(
                     env,
@@ -263,9 +264,9 @@ async def _all_or_none(coros: Sequence[Any]) -> list[Trajectory]:
 
 
 def _make_env(env_id: str, env_kwargs: Mapping[str, Any]) -> gymnasium.Env:
-    """``gymnasium.make``, with a constructor's ``TypeError`` (a bad argument) as a one-line ConfigError."""
+    """:func:`toolgym.registry.make`, with a constructor's ``TypeError`` (a bad argument) as a one-line ConfigError."""
     try:
-        return gymnasium.make(env_id, **env_kwargs)
+        return make(env_id, **env_kwargs)
     except TypeError as exc:
         raise ConfigError(
             f"{env_id} rejected its arguments {dict(env_kwargs)} ({exc}); fix the --env-arg values"
