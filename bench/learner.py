@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/learner.py [--rounds 2] [--trajectories FILE] [--threads 2] [--sample]
+    python bench/learner.py [--rounds 2] [--trajectories FILE] [--threads 2] [--sample] [--smoke]
 
 The demo (``training/configs/demo.toml``: SmolLM2-135M-Instruct on CPU, ``toolgym/SearchQA-v0``,
 groups of 6, 48 tokens per turn, 2 turns, micro-batches of 3) is built as the trainer builds it. One
@@ -159,9 +159,17 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the demo uses 2)")
     parser.add_argument("--sample", action="store_true", help="sample the group with the policy")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a group of 2 and the tiny byte-level model instead of SmolLM2: runs the script end to end in "
+        "seconds for tests; its numbers mean nothing",
+    )
     args = parser.parse_args()
 
-    config = load_config("demo", [f"policy.threads={args.threads}", "train.skip_zero_variance=false"])
+    overrides = [f"policy.threads={args.threads}", "train.skip_zero_variance=false"]
+    smoke = ["train.group_size=2", "policy.kind=tiny", "policy.tiny_hidden=32"] if args.smoke else []
+    config = load_config("demo", [*overrides, *smoke])
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(config, run_dir)
         try:

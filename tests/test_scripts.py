@@ -58,6 +58,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
     covered = {
         "bench/demo_learning.py",
         "bench/eval.py",
+        "bench/learner.py",
         "bench/rollout.py",
         "bench/sandbox.py",
         "bench/sandbox_load.py",
@@ -67,10 +68,6 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "envs/code_exec.py",
         "tools/sandbox_image.py",
     }
-    # scripts without a budget small enough for a smoke run yet, and what they need to get one
-    pending = {
-        "bench/learner.py": "a flag for a tiny group (it times full demo-shaped learner steps on SmolLM2)",
-    }
     # programs that run inside sandbox containers are not entry points of the host package
     in_container = ("envs/code_programs/", "tools/sandbox_programs/")
     found = {str(p.relative_to(ROOT)) for p in (ROOT / "bench").glob("*") if p.suffix in (".py", ".sh")}
@@ -79,7 +76,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
             rel = str(path.relative_to(ROOT))
             if not rel.startswith(in_container) and _has_main_guard(path):
                 found.add(rel)
-    missing = sorted(found - covered - set(pending))
+    missing = sorted(found - covered)
     assert not missing, f"add a smoke run to tests/test_scripts.py for: {missing}"
 
 
@@ -127,6 +124,13 @@ def test_bench_eval():
         "--concurrency", "1",
     )  # fmt: skip
     assert "| hf-after |" in out and "prefix cache:" in out
+
+
+@pytest.mark.slow
+def test_bench_learner(tmp_path):
+    # --smoke: the demo's environment and learner step on a group of 2, with the tiny byte-level model
+    out = run("bench/learner.py", "--smoke", "--rounds", "1", "--trajectories", tmp_path / "group.jsonl")
+    assert "speed-up (best s/step, off / on):" in out
 
 
 @pytest.mark.slow
