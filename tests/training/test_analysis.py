@@ -134,6 +134,10 @@ def test_the_shipped_demo_config_resolves_by_name_and_is_valid() -> None:
     assert path is not None and path.name == "demo.toml" and path.is_file()
     config = load_config(path)
     assert config.env.id == "toolgym/SearchQA-v0" and dict(config.env.kwargs)["metric"] == "f1"
-    assert len(config.curriculum.stages) >= 2 and "search" not in config.curriculum.stages[0]
+    stages = config.curriculum.stages
+    assert len(stages) >= 2 and set(stages[0]) < set(stages[1])  # a later stage unlocks a tool
+    # trains on the train split and measures on the test split, never the same questions
+    assert dict(config.env.kwargs)["split"] == "train" and config.heldout.split == "test"
+    assert config.heldout.n >= 100 and set(config.heldout.harnesses) == {"bare", "scaffold"}
     with pytest.raises(ConfigError, match="Did you mean 'demo'"):
         resolve_config_path("dmeo")
