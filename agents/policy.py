@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from toolgym.agents.chat import IM_END, ByteTokenizer, ChatMLTemplate, TextTokenizer
 from toolgym.core import Completion, Message, SamplingParams
@@ -15,6 +16,8 @@ class ChatPolicy:
     """Base for policies that render chats with :class:`ChatMLTemplate` and a tokenizer."""
 
     name = "chat"
+    #: The completion's ids are the sampled ids and its logprobs the sampler's (see TrainablePolicy).
+    token_exact: bool = True
 
     def __init__(self, tokenizer: TextTokenizer, template: ChatMLTemplate | None = None) -> None:
         self.tokenizer = tokenizer
@@ -32,7 +35,7 @@ class ChatPolicy:
     def complete(self, text: str, sampling: SamplingParams) -> Completion:
         """A completion for a fixed turn text: its ids plus ``<|im_end|>``, cut at ``max_tokens``."""
         ids = list(self.tokenizer.encode(text + IM_END))
-        finish = "stop"
+        finish: Literal["stop", "length"] = "stop"
         if len(ids) > sampling.max_tokens:
             ids, finish = ids[: sampling.max_tokens], "length"
             text = self.tokenizer.decode(ids)

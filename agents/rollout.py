@@ -7,6 +7,15 @@ scored or trained on, the error's type and message in ``error``, ``env/infra_err
 retries spent (``env/infra_retries``) in its metrics. Everything else (a verifier bug, a bug of ours,
 a configuration error) propagates: a run must stop on a bug, not train around it.
 
+NOTE (wrappers): gymnasium wrappers wrap only the sync ``reset``/``step``, never ``areset``/``astep``.
+A bare environment (or one wrapped only by what ``gymnasium.make`` adds itself: ``OrderEnforcing``,
+``PassiveEnvChecker``) is driven through its async API on the caller's event loop. An environment with
+any other wrapper (observation or reward shaping, ``RecordEpisodeStatistics``, ``TimeLimit``...) is
+driven through the outermost wrapper's ``reset``/``step`` in a worker thread, so every wrapper applies,
+at the cost of one thread hop per call (the first such episode logs a warning saying so). The wrapper
+stack must keep the contract: observations stay lists of chat messages and ``info`` keeps ``task_id``
+and ``allowed_tools``.
+
 NOTE (token fidelity): the loop keeps one growing token sequence per episode. The policy's sampled ids
 are appended exactly as sampled (mask 1, with their behaviour logprobs); environment and harness text
 is rendered and tokenised once, when it arrives, and appended with mask 0. Nothing is re-tokenised.
@@ -14,26 +23,95 @@ is rendered and tokenised once, when it arrives, and appended with mask 0. Nothi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 
-from toolgym.core import Harness, Message, Policy, SamplingParams, Trajectory, sampled_ids_hash
-from toolgym.errors import InfraError
+from toolgym.core import (
+    AsyncToolEnv,
+    Harness,
+    Message,
+    Policy,
+    SamplingParams,
+    Trajectory,
+    sampled_ids_hash,
+)
+from toolgym.errors import ConfigError, InfraError
 
-__all__ = ["read_trajectories", "run_episode", "write_trajectories"]
+__all__ = ["read_trajectories", "run_episode", "user_wrappers", "write_trajectories"]
 
 log = logging.getLogger(__name__)
 
+#: Wrappers ``gymnasium.make`` adds on its own; they change nothing an episode returns, so they never
+#: force the (slower) sync path.
+GYMNASIUM_DEFAULT_WRAPPERS: tuple[type[gymnasium.Wrapper[Any, Any, Any, Any]], ...] = (
+    OrderEnforcing,
+    PassiveEnvChecker,
+)
+
+_warned_sync_path = False
+
+StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
+
+
+def user_wrappers(env: gymnasium.Env[Any, Any]) -> list[str]:
+    """Class names of the wrappers around ``env`` other than gymnasium's defaults, outermost first."""
+    names: list[str] = []
+    layer: gymnasium.Env[Any, Any] = env
+    while isinstance(layer, gymnasium.Wrapper):
+        if not isinstance(layer, GYMNASIUM_DEFAULT_WRAPPERS):
+            names.append(type(layer).__name__)
+        layer = layer.env
+    return names
+
+
+class _Driver:
+    """Calls reset/step on the right layer: the bare env's async API, or the wrapper stack's sync one."""
+
+    def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
+        global _warned_sync_path
+        base = env.unwrapped
+        if not isinstance(base, AsyncToolEnv):
+            raise ConfigError(
+                f"run_episode needs a toolgym environment (areset/astep/max_turns), got "
+                f"{type(base).__name__}; build it with toolgym.make or subclass toolgym.env.ToolEnv"
+            )
+        self.base: AsyncToolEnv = base
+        self.env = env
+        self.wrappers = user_wrappers(env)
+        if self.wrappers and not _warned_sync_path:
+            _warned_sync_path = True
+            log.warning(
+                "the environment is wrapped (%s): episodes run the wrappers' sync reset/step in a worker "
+                "thread so that they apply; a bare toolgym environment runs on the event loop directly",
+                ", ".join(self.wrappers),
+            )
+
+    async def reset(
+        self, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        if not self.wrappers:
+            return await self.base.areset(seed=seed, options=options)
+        obs, info = await asyncio.to_thread(self.env.reset, seed=seed, options=options)
+        return obs, info
+
+    async def step(self, action: str) -> StepResult:
+        if not self.wrappers:
+            return await self.base.astep(action)
+        obs, reward, terminated, truncated, info = await asyncio.to_thread(self.env.step, action)
+        return obs, float(reward), bool(terminated), bool(truncated), info
+
 
 async def run_episode(
-    env: gymnasium.Env,
+    env: gymnasium.Env[Any, Any],
     policy: Policy,
     harness: Harness,
     *,
@@ -46,7 +124,8 @@ async def run_episode(
     """Run one episode and return its :class:`~toolgym.core.Trajectory`.
 
     Args:
-        env: a toolgym environment (wrapped or not; its async API is used).
+        env: a toolgym environment (an :class:`~toolgym.core.AsyncToolEnv` underneath), wrapped or
+            not: user wrappers apply (see the module's NOTE on wrappers).
         policy: token-in/token-out policy with a chat template.
         harness: the track (``bare`` or ``scaffold``).
         seed, options: passed to ``reset`` (``options["tools"]`` restricts the tool set).
@@ -57,18 +136,21 @@ async def run_episode(
     An :class:`~toolgym.errors.InfraError` (from the environment or the policy) ends the episode with
     status ``infra_error`` and no reward; any other exception propagates (see the module docstring).
     """
-    base = env.unwrapped
+    driver = _Driver(env)
     sampling = sampling or SamplingParams()
-    env_id = env_id or (env.spec.id if env.spec is not None else type(base).__name__)
+    env_id = env_id or (env.spec.id if env.spec is not None else type(driver.base).__name__)
     t_start = time.perf_counter()
     t_generate = t_env = 0.0
     token_ids: list[int] = []
     loss_mask: list[int] = []
     logprobs: list[float] = []
     history: list[Message] = []
-    reward, metrics, status, error = 0.0, {}, "truncated", ""
+    reward, error = 0.0, ""
+    metrics: dict[str, float] = {}
+    status: Literal["ok", "truncated", "infra_error"] = "truncated"
     versions: list[int] = []
-    task_id, allowed = "", ()
+    task_id: str = ""
+    allowed: tuple[str, ...] = ()
 
     def append(ids: Sequence[int], mask: int, lps: Sequence[float] | None = None) -> None:
         token_ids.extend(ids)
@@ -77,10 +159,10 @@ async def run_episode(
 
     try:
         t0 = time.perf_counter()
-        obs, info = await base.areset(seed=seed, options=options)
+        obs, info = await driver.reset(seed, options)
         t_env += time.perf_counter() - t0
         task_id, allowed = info["task_id"], tuple(info["allowed_tools"])
-        max_turns = base.max_turns
+        max_turns = driver.base.max_turns
         messages = harness.start(obs, max_turns=max_turns)
         history.extend(messages)
         append(policy.render(messages), 0)
@@ -98,7 +180,7 @@ async def run_episode(
             append(completion.token_ids, 1, completion.logprobs)
             history.append({"role": "assistant", "content": completion.text})
             t0 = time.perf_counter()
-            obs, reward, terminated, truncated, info = await base.astep(completion.text)
+            obs, reward, terminated, truncated, info = await driver.step(completion.text)
             t_env += time.perf_counter() - t0
             metrics.update(info.get("metrics", {}))
             if terminated or truncated:

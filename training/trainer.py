@@ -37,13 +37,14 @@ import math
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from toolgym.agents.harness import get_harness
-from toolgym.core import SamplingParams
+from toolgym.core import SamplingParams, ServedPolicy, TaskToolEnv, TrainablePolicy
 from toolgym.errors import ConfigError
 from toolgym.training.batching import LossSums, micro_batches, pack_batch, plan_step
 from toolgym.training.checkpoint import (
@@ -68,7 +69,7 @@ log = logging.getLogger(__name__)
 LOG_FILES = ("metrics.jsonl", "trajectories.jsonl", "curriculum.jsonl")
 
 
-def build_policy(config: TrainConfig) -> Any:
+def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
     """The policy named by ``config.policy``.
 
     ``hf`` and ``tiny`` expose the trained module as ``.model``; ``vllm`` starts an engine (its own
@@ -119,38 +120,65 @@ def learner_model(model_dir: str | Path, device: str = "cpu") -> torch.nn.Module
     return model.to(device).eval()
 
 
+@runtime_checkable
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def require_trainable(policy: object) -> None:
+    """Refuse a policy the trainer cannot train, with what it lacks (a :class:`ConfigError`)."""
+    if isinstance(policy, TrainablePolicy | ServedPolicy):
+        if policy.token_exact:
+            return
+        reason = "its token ids and logprobs are not the ones it sampled (token_exact = False)"
+    else:
+        reason = (
+            "it is neither a TrainablePolicy (model, weights_lock, policy_version, token_exact) nor a "
+            "ServedPolicy (model_dir, policy_version, token_exact, close); a policy without exact "
+            "sampled tokens (token_exact = False, e.g. HTTPPolicy) never is"
+        )
+    raise ConfigError(
+        f"{type(policy).__name__} cannot be trained: {reason}. Train with policy.kind = 'hf' or 'vllm'; "
+        "use this policy for evaluation only"
+    )
+
+
 class Trainer:
     """Owns the policy, optimizer, curriculum and run directory; :meth:`run` is the whole loop."""
 
-    def __init__(self, config: TrainConfig, run_dir: str | Path, policy: Any | None = None) -> None:
+    def __init__(
+        self, config: TrainConfig, run_dir: str | Path, policy: TrainablePolicy | ServedPolicy | None = None
+    ) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.train.seed)
-        if policy is not None and not getattr(policy, "token_exact", True):
-            raise ConfigError(
-                f"{type(policy).__name__} cannot be trained: its token ids and logprobs are not the ones "
-                "it sampled (token_exact = False). Train with policy.kind = 'hf' or 'vllm'; use this "
-                "policy for evaluation only"
-            )
+        if policy is not None:
+            require_trainable(policy)
         self._owns_policy = policy is None
-        self.policy = policy if policy is not None else build_policy(config)
+        self.policy: TrainablePolicy | ServedPolicy = policy if policy is not None else build_policy(config)
         self.weight_sync: Any = None
         try:
-            shared = getattr(self.policy, "model", None)
-            if isinstance(shared, torch.nn.Module):
-                self.model: torch.nn.Module = shared
-            else:
+            if isinstance(self.policy, TrainablePolicy) and isinstance(self.policy.model, torch.nn.Module):
+                self.model: torch.nn.Module = self.policy.model
+            elif isinstance(self.policy, ServedPolicy):
                 # NOTE (weight sync): the engine serves its own copy; the learner trains this one and
                 # pushes it into the engine after every step.
                 from toolgym.training.weight_sync import VLLMWeightSync
 
                 self.weight_sync = VLLMWeightSync(self.policy)
                 self.model = learner_model(self.policy.model_dir, config.policy.learner_device)
+            else:
+                raise ConfigError(
+                    f"{type(self.policy).__name__}.model is a {type(self.policy.model).__name__}, not a "
+                    "torch.nn.Module, and the policy serves no model_dir: there is nothing to train"
+                )
         except BaseException:
             self.close()
             raise
-        self._weights_lock = getattr(self.policy, "weights_lock", None) or threading.RLock()
+        self._weights_lock: AbstractContextManager[Any] = (
+            self.policy.weights_lock if isinstance(self.policy, TrainablePolicy) else threading.RLock()
+        )
         tc = config.train
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -165,7 +193,13 @@ class Trainer:
         self.harness = get_harness(config.env.harness)
         probe = make_env(config.env.id, dict(config.env.kwargs))
         try:
-            all_ids = list(probe.unwrapped.task_ids())
+            base = probe.unwrapped
+            if not isinstance(base, TaskToolEnv):
+                raise ConfigError(
+                    f"{config.env.id} is not a toolgym environment that lists its tasks (TaskToolEnv: "
+                    f"areset, astep, max_turns, task_ids); got {type(base).__name__}"
+                )
+            all_ids = list(base.task_ids())
         finally:
             probe.close()
         task_ids = list(config.env.task_ids) or (
@@ -224,9 +258,8 @@ class Trainer:
         """Release the weight-sync folder, and the policy when this trainer built it. Idempotent."""
         if self.weight_sync is not None:
             self.weight_sync.close()
-        close = getattr(self.policy, "close", None) if self._owns_policy else None
-        if close is not None:
-            close()
+        if self._owns_policy and isinstance(self.policy, _Closable):
+            self.policy.close()
 
     def resume(self) -> bool:
         """Continue from the run directory's checkpoint, if it has one."""

@@ -12,12 +12,15 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from toolgym.errors import ConfigError, ToolCallError, ToolTimeout
 
 __all__ = [
+    "AsyncToolEnv",
     "Completion",
     "FunctionTool",
     "Harness",
@@ -25,8 +28,11 @@ __all__ = [
     "Policy",
     "SamplingParams",
     "Score",
+    "ServedPolicy",
+    "TaskToolEnv",
     "Task",
     "Tool",
+    "TrainablePolicy",
     "Trajectory",
     "Verifier",
     "call_tool",
@@ -88,13 +94,25 @@ class Tool(Protocol):
     the model's mistakes and :class:`~toolgym.errors.InfraError` for infrastructure failures; anything
     else is a bug and propagates. ``timeout`` (seconds) bounds one call. A ``terminal`` tool ends the
     episode: its (single) argument is the agent's answer.
+
+    The members are read-only: nothing changes a tool after it is built, so a frozen dataclass
+    (:class:`FunctionTool`) or a class with plain attributes satisfies the protocol alike.
     """
 
-    name: str
-    description: str
-    parameters: Mapping[str, Any]
-    timeout: float
-    terminal: bool
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
+
+    @property
+    def timeout(self) -> float: ...
+
+    @property
+    def terminal(self) -> bool: ...
 
     async def __call__(self, **arguments: Any) -> str: ...
 
@@ -211,6 +229,88 @@ class Policy(Protocol):
     ) -> list[int]: ...
 
     async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion: ...
+
+
+@runtime_checkable
+class TrainablePolicy(Policy, Protocol):
+    """A policy the trainer updates in place: it samples from the very module the learner trains.
+
+    ``model`` is that module (a ``torch.nn.Module``; typed ``Any`` because the core does not import
+    torch). ``weights_lock`` is held by the learner while it changes the weights and by the sampler
+    while it reads them, so no completion mixes two versions. ``policy_version`` counts the weight
+    updates (the trainer bumps it after each step, and sets it on resume). ``token_exact`` is ``True``
+    when the completion's token ids and logprobs are exactly what was sampled; the trainer refuses a
+    policy where it is ``False``.
+    """
+
+    policy_version: int
+
+    @property
+    def token_exact(self) -> bool: ...
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def weights_lock(self) -> AbstractContextManager[Any]: ...
+
+
+@runtime_checkable
+class ServedPolicy(Policy, Protocol):
+    """A policy whose weights live in a serving engine (vLLM), not in this process.
+
+    The trainer loads its own copy of the checkpoint in ``model_dir`` to learn on and pushes the new
+    weights into the engine after every step; the engine's reload is what bumps ``policy_version``.
+    ``close()`` stops the engine; it is idempotent.
+    """
+
+    policy_version: int
+
+    @property
+    def token_exact(self) -> bool: ...
+
+    @property
+    def model_dir(self) -> Path: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncToolEnv(Protocol):
+    """The async side of a toolgym environment, which the rollout loop drives.
+
+    ``areset``/``astep`` have the meaning of gymnasium's ``reset``/``step`` (observation: the new chat
+    messages; action: the assistant's raw text; reward 0 until the terminal step) but run on the
+    caller's event loop, so many episodes share one thread. ``max_turns`` bounds the assistant turns of
+    an episode; ``aclose`` releases the episode's resources (idempotent). ``toolgym.env.ToolEnv`` and
+    the Ray backend's remote environments satisfy it.
+
+    NOTE (wrappers): gymnasium wrappers wrap only the sync ``reset``/``step``. The rollout loop uses
+    this async path only on a bare environment; a user's wrapper makes it drive the wrapper's
+    ``reset``/``step`` instead (see ``toolgym.agents.rollout``).
+    """
+
+    @property
+    def max_turns(self) -> int: ...
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]: ...
+
+    async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class TaskToolEnv(AsyncToolEnv, Protocol):
+    """An :class:`AsyncToolEnv` that also lists its tasks (the trainer and ``toolgym eval`` sample ids).
+
+    ``task_ids()`` is the ids of the environment's split, in a stable order; ``options["task_id"]``
+    at reset picks one of them.
+    """
+
+    def task_ids(self) -> list[str]: ...
 
 
 @runtime_checkable
