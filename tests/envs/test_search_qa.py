@@ -327,7 +327,11 @@ async def test_reference_demonstrations_copy_only_answers_the_agent_was_shown():
         policy = RulePolicy(reference_rule(task))
         t = await run_episode(env, policy, get_harness("bare"), seed=0, options={"task_id": task.id})
         assert t.status == "ok"
-        call, results, answer = t.messages[-3]["content"], t.messages[-2]["content"], t.messages[-1]["content"]
+        call, results, answer = (
+            t.messages[-3]["content"],
+            t.messages[-2]["content"],
+            t.messages[-1]["content"],
+        )
         assert '"name": "search"' in call and task.metadata["question"] in call
         shown = [g for g in task.reference if g in results]
         if shown:
