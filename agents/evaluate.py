@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 import numpy as np
@@ -30,7 +30,7 @@ from toolgym.agents.eval_runs import (
 )
 from toolgym.agents.harness import get_harness
 from toolgym.agents.rollout import run_episode
-from toolgym.core import Policy, SamplingParams, Trajectory
+from toolgym.core import Policy, SamplingParams, TaskToolEnv, Trajectory
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.registry import make
 
@@ -160,7 +160,7 @@ async def evaluate(
     check_env_kwargs(env_id, env_kwargs)
     probe = _make_env(env_id, env_kwargs)
     try:
-        all_ids = probe.unwrapped.task_ids()
+        all_ids = cast(TaskToolEnv, probe.unwrapped).task_ids()
     finally:
         probe.close()
     rng = np.random.default_rng(seed)
@@ -288,6 +288,8 @@ def check_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
     check_id(env_id)  # an unknown id says "did you mean"; a module:id imports its module
     spec = gymnasium.spec(env_id.rpartition(":")[2])
     creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    if creator is None:
+        return  # no creator to inspect: gymnasium.make reports it
     try:
         params = inspect.signature(creator).parameters
     except (TypeError, ValueError):

@@ -161,9 +161,15 @@ def _tokenizer_problem(directory: Path, manifest: dict[str, Any]) -> str | None:
                 f"the tokenizer has no {marker!r} token: toolgym's ChatML template needs a model trained "
                 "on ChatML (SmolLM2, Qwen, Hermes)"
             )
-        if expected.get(marker) != added[marker] or not isinstance(vocab, int) or added[marker] >= vocab:
+        token_id = added[marker]
+        if (
+            expected.get(marker) != token_id
+            or not isinstance(vocab, int)
+            or not isinstance(token_id, int)
+            or token_id >= vocab
+        ):
             return (
-                f"the tokenizer maps {marker!r} to id {added[marker]}, but the manifest records "
+                f"the tokenizer maps {marker!r} to id {token_id}, but the manifest records "
                 f"{expected.get(marker)} and the model has {vocab} ids: tokenizer and weights come from "
                 "different model families"
             )

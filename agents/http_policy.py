@@ -36,7 +36,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from toolgym.core import Completion, Message, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
@@ -232,7 +232,7 @@ class HTTPPolicy:
             text = turn_text(choice["message"])
         except (KeyError, IndexError, TypeError) as exc:
             raise PolicyError(f"{self.url} answered without a chat completion: {str(data)[:200]}") from exc
-        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        finish: Literal["stop", "length"] = "length" if choice.get("finish_reason") == "length" else "stop"
         ids = JsonLinesCodec.encode_messages([{"role": "assistant", "content": text}])
         return Completion(
             token_ids=tuple(ids),

@@ -134,7 +134,10 @@ def resolve_model_dir(model: str | Path | None, *, cache_root: str | Path | None
     if isinstance(model, str) and model.startswith("run:"):
         from toolgym.agents.specs import parse_policy_spec
 
-        return parse_policy_spec(model).model_dir()
+        run_dir = parse_policy_spec(model).model_dir()
+        if run_dir is None:  # unreachable: a "run:" spec always names an export or raises
+            raise ConfigError(f"policy {model!r} names no model directory")
+        return run_dir
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _cached_conversion(path, cache_root=cache_root, show_progress=True)

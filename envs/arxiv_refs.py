@@ -193,7 +193,7 @@ class ArxivRefsEnv(ToolEnv):
         self.selection = select_split(self._shared.tasks, split)
         self.split = split
         self.tasks = list(self.selection.tasks)
-        self.verifier = CitationF1Verifier(self.collection)
+        self.verifier: CitationF1Verifier = CitationF1Verifier(self.collection)
 
     @property
     def stats(self) -> dict[str, int]:

@@ -77,7 +77,8 @@ def _context(paper: SourcePaper, rule: ContextRule) -> tuple[str, list[str]]:
     ):
         chosen = [p for p in paper.paragraphs if re.search(pattern, p.section, re.IGNORECASE)]
         if any(True for p in chosen for _ in iter_citations(p.text)):
-            kept, size = [], 0
+            kept: list[str] = []
+            size = 0
             for p in chosen:
                 if kept and size + len(p.text) > rule.max_context_chars:
                     break

@@ -50,7 +50,7 @@ import random
 import re
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,7 +155,7 @@ class _AssertCounter(ast.NodeTransformer):
         return ast.copy_location(ast.Expr(call), node)
 
 
-def _make_assert(tally: _Tally):  # type: ignore[no-untyped-def]
+def _make_assert(tally: _Tally) -> Callable[[Any], None]:
     def check(fn: Any) -> None:
         tally.total += 1
         try:

@@ -128,7 +128,7 @@ def _data_dir() -> Path:
 def default_corpus() -> list[dict[str, str]]:
     """XQuAD-en paragraphs (``xq`` ids) followed by the Wikipedia lead paragraphs (``wk`` ids)."""
     data = json.loads((_data_dir() / "xquad.en.json").read_text(encoding="utf-8"))
-    docs = []
+    docs: list[dict[str, str]] = []
     for article in data["data"]:
         title = article["title"].replace("_", " ")
         for paragraph in article["paragraphs"]:

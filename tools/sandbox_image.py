@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from toolgym.errors import SandboxError
 
@@ -61,7 +62,7 @@ def debian_mirror() -> str:
     return _DEFAULT_MIRROR
 
 
-def _client():  # type: ignore[no-untyped-def]
+def _client() -> Any:  # docker ships no type information
     from toolgym.tools.sandbox import docker_client
 
     return docker_client()

@@ -26,7 +26,7 @@ import pickle
 import random
 import zipfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import torch
@@ -92,7 +92,7 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
         with tmp.open("wb") as fh:
             writer = _Writer(fh)
             try:
-                torch.save(state, writer)
+                torch.save(state, cast(BinaryIO, writer))  # torch.save only calls write and flush
             except RuntimeError:
                 if writer.error is None:
                     raise

@@ -316,7 +316,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
                 f"Known keys of [{prefix.rstrip('.') or 'top level'}]: {', '.join(fields)}"
             )
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, value, f"{prefix}{key}.")
         else:
             kwargs[key] = _coerce(value, hint, prefix + key)

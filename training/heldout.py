@@ -21,8 +21,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from toolgym.core import TaskToolEnv
 from toolgym.errors import ConfigError
 
 __all__ = ["HeldoutConfig", "heldout_table", "read_heldout"]
@@ -147,7 +148,7 @@ async def run_heldout(config: Any, run_dir: str | Path, train_task_ids: Sequence
         specs = {"base": f"hf:{model}" if model else "smollm2", "trained": f"run:{run_dir}"}
     probe = gymnasium.make(config.env.id, **env_kwargs)
     try:
-        check_disjoint(train_task_ids, probe.unwrapped.task_ids())
+        check_disjoint(train_task_ids, cast(TaskToolEnv, probe.unwrapped).task_ids())
     finally:
         probe.close()
     reports = {}

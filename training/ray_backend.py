@@ -35,11 +35,11 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, cast
 
 import gymnasium
 
-from toolgym.core import Message
+from toolgym.core import AsyncToolEnv, Message
 from toolgym.env import MessagesSpace, TextSpace
 from toolgym.errors import ConfigError, InfraError, MissingDependencyError
 
@@ -77,6 +77,11 @@ def _user_sys_path() -> list[str]:
     return out
 
 
+def _async_side(env: gymnasium.Env[Any, Any]) -> AsyncToolEnv:
+    """The async side of a made environment: its unwrapped toolgym environment (see AsyncToolEnv)."""
+    return cast(AsyncToolEnv, env.unwrapped)
+
+
 class EnvActor:
     """Hosts environments of one id, one per slot, inside a Ray actor process (see the module docstring).
 
@@ -89,7 +94,7 @@ class EnvActor:
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         self.env_id, self.kwargs = env_id, dict(kwargs)
-        self._envs: dict[int, gymnasium.Env] = {}
+        self._envs: dict[int, gymnasium.Env[Any, Any]] = {}
 
     def _make(self) -> gymnasium.Env:
         from toolgym.training.rollouts import make_env
@@ -100,7 +105,7 @@ class EnvActor:
         """The environment's spec and ``max_turns`` (also validates the id early, with "did you mean")."""
         env = self._make()
         try:
-            return env.spec, int(env.unwrapped.max_turns)
+            return env.spec, int(_async_side(env).max_turns)
         finally:
             env.close()
 
@@ -109,7 +114,7 @@ class EnvActor:
     ) -> tuple[list[Message], dict[str, Any]]:
         if slot not in self._envs:
             self._envs[slot] = self._make()
-        return await self._envs[slot].unwrapped.areset(seed=seed, options=options)
+        return await _async_side(self._envs[slot]).areset(seed=seed, options=options)
 
     async def astep(self, slot: int, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         env = self._envs.get(slot)
@@ -118,7 +123,7 @@ class EnvActor:
                 f"environment slot {slot} of {self.env_id} is gone (its actor was restarted); "
                 "the episode cannot continue, the next reset starts a new one"
             )
-        return await env.unwrapped.astep(action)
+        return await _async_side(env).astep(action)
 
     async def aclose(self, slot: int) -> None:
         env = self._envs.pop(slot, None)
@@ -137,7 +142,7 @@ class EnvActor:
 class RemoteEnv(gymnasium.Env[list[Message], str]):
     """One slot of an :class:`EnvActor`, seen from the learner as an ordinary toolgym environment."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(self, actor: Any, slot: int, spec: Any, max_turns: int) -> None:
         self._actor, self._slot = actor, slot

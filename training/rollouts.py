@@ -229,9 +229,11 @@ class RolloutWorkers:
             index = self._next
             self._next += 1
             async with self._gate:
-                await self._gate.wait_for(
-                    lambda i=index: i < self._consumed + (1 + self.max_ahead) * self.per_step
-                )
+
+                def ready(i: int = index) -> bool:
+                    return i < self._consumed + (1 + self.max_ahead) * self.per_step
+
+                await self._gate.wait_for(ready)
             task_id = self.sampler.task(index)
             tools = self.tools_for(task_id)
             samples = [self._episode(index, i, task_id, tools) for i in range(self.sampler.group_size)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -79,7 +80,7 @@ class TinyPolicy(ChatPolicy):
         out_ids: list[int] = []
         out_lps: list[float] = []
         past = None
-        finish = "length"
+        finish: Literal["stop", "length"] = "length"
         for _ in range(sampling.max_tokens):
             out = self.model(input_ids=ids, past_key_values=past, use_cache=True)
             past = out.past_key_values

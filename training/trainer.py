@@ -39,12 +39,13 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TaskToolEnv, TrainablePolicy
+from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError
 from toolgym.training.batching import LossSums, micro_batches, pack_batch, plan_step
 from toolgym.training.checkpoint import (
@@ -398,7 +399,7 @@ class Trainer:
             )
         probe = make_env(self.config.env.id, dict(self.config.env.kwargs))
         try:
-            tasks = {t.id: t for t in probe.unwrapped.tasks}
+            tasks = {t.id: t for t in cast(ToolEnv, probe.unwrapped).tasks}
         finally:
             probe.close()
         return lambda task_id: RulePolicy(
@@ -458,15 +459,21 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         for unit in plan.groups if tc.share_prefix else (plan.samples,):
             seqs = [s.trajectory.token_ids for s in unit]
-            scoring = {
-                "temperature": self.config.sampling.temperature,
-                "share_prefix": tc.share_prefix,
-                "masks": [s.trajectory.loss_mask for s in unit],  # where the loss reads logprobs
-            }
-            policy = SequenceScorer(self.model, seqs, **scoring)
+            temperature, share_prefix = self.config.sampling.temperature, tc.share_prefix
+            masks = [s.trajectory.loss_mask for s in unit]  # where the loss reads logprobs
+            policy = SequenceScorer(
+                self.model, seqs, temperature=temperature, share_prefix=share_prefix, masks=masks
+            )
             reference = None
             if self.reference is not None:  # the KL's reference model: scored the same way, no graph
-                reference = SequenceScorer(self.reference, seqs, grad=False, **scoring)
+                reference = SequenceScorer(
+                    self.reference,
+                    seqs,
+                    grad=False,
+                    temperature=temperature,
+                    share_prefix=share_prefix,
+                    masks=masks,
+                )
             for chunk in micro_batches(unit, tc.micro_batch):
                 batch = pack_batch(chunk, device=policy.device)
                 read = [s.trajectory.loss_mask for s in chunk]

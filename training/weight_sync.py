@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.vllm_policy import VLLMPolicy
+from toolgym.core import ServedPolicy
 from toolgym.errors import ConfigError
 
 __all__ = ["VLLMWeightSync", "export_weights"]
@@ -63,7 +64,7 @@ class VLLMWeightSync:
             it exists, else the system temp dir. Removed by :meth:`close`.
     """
 
-    def __init__(self, policy: VLLMPolicy, directory: str | Path | None = None) -> None:
+    def __init__(self, policy: ServedPolicy, directory: str | Path | None = None) -> None:
         if not isinstance(policy, VLLMPolicy):
             raise ConfigError(f"VLLMWeightSync needs a VLLMPolicy, got {type(policy).__name__}")
         self.policy = policy

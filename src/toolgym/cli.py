@@ -239,10 +239,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     spec = parse_policy_spec(args.policy, model=args.model)
     baseline = load_eval_run(args.baseline) if args.baseline is not None else None  # fail before the work
     if baseline is not None:
-        diff = early_differences(baseline, args.env, env_kwargs, harnesses, args.seed)
-        if diff:
+        differences = early_differences(baseline, args.env, env_kwargs, harnesses, args.seed)
+        if differences:
             raise ConfigError(
-                f"--baseline {args.baseline} ran other episodes: differs in {'; '.join(diff)}. Fix: repeat "
+                f"--baseline {args.baseline} ran other episodes: differs in {'; '.join(differences)}. Fix: repeat "
                 "its --env, --env-arg, --harness, --n and --seed"
             )
     model_free = spec.model_free

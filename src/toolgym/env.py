@@ -68,7 +68,7 @@ _T = TypeVar("_T")
 MAX_OBSERVATION_CHARS = 8_000
 
 
-class MessagesSpace(gymnasium.spaces.Space):
+class MessagesSpace(gymnasium.spaces.Space[list[Message]]):
     """Observation space: a list of chat messages (dicts with string ``role`` and ``content``)."""
 
     ROLES = ("system", "user", "assistant", "tool")
@@ -102,7 +102,7 @@ class MessagesSpace(gymnasium.spaces.Space):
         return isinstance(other, MessagesSpace)
 
 
-class TextSpace(gymnasium.spaces.Space):
+class TextSpace(gymnasium.spaces.Space[str]):
     """Action space: any string up to ``max_length`` characters (the assistant's raw text)."""
 
     def __init__(self, max_length: int = 1_000_000, seed: int | None = None) -> None:
@@ -148,7 +148,7 @@ class RetryPolicy:
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (0-based)."""
-        return self.backoff_s * 2**retry
+        return self.backoff_s * 2.0**retry
 
 
 def _random_text(rng: np.random.Generator, max_len: int) -> str:
@@ -172,7 +172,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             with its text as the answer.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
     #: Short description shown by ``toolgym envs``.
     description: ClassVar[str] = ""
 
@@ -331,10 +331,12 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        return self._run_sync(self.areset(seed=seed, options=options))
+        result: tuple[list[Message], dict[str, Any]] = self._run_sync(self.areset(seed=seed, options=options))
+        return result
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        return self._run_sync(self.astep(action))
+        result: tuple[list[Message], float, bool, bool, dict[str, Any]] = self._run_sync(self.astep(action))
+        return result
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
