@@ -174,7 +174,7 @@ async def test_weight_sync_in_place_matches_the_trainer(policy, trainer_model):
     )
 
     # One real optimizer step that raises the likelihood of the sequence.
-    optimizer = torch.optim.SGD(trainer_model.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(trainer_model.parameters(), lr=0.01)
     trainer_model.train()
     loss = -sum(reference_logprobs_grad(trainer_model, sequence))
     loss.backward()
