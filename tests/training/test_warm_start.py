@@ -92,6 +92,8 @@ def test_bad_warm_start_and_heldout_settings_fail_at_start() -> None:
         load_config(None, ["warm_start.temperature=0"])
     with pytest.raises(ConfigError, match="heldout.n"):
         load_config(None, ["heldout.n=-1"])
+    with pytest.raises(ConfigError, match="heldout.engine"):
+        load_config(None, ["heldout.engine=vlm"])
     with pytest.raises(ConfigError, match="Did you mean .samples."):
         load_config(None, ["warm_start.sample=3"])
 
