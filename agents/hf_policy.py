@@ -398,6 +398,12 @@ class HFPolicy(ChatPolicy):
         for row in rows:
             prompt = row.request.prompt
             cached, prefix = cache.lookup(prompt, limit=len(prompt) - 1)
+            if len(prompt) > 1 and cached < len(prompt) - 1:
+                # NOTE (determinism): the last prompt token always runs alone on the keys/values of
+                # the rest, so a repeated request (all but its last token cached) repeats exactly the
+                # computation of the first one and gets bit-identical logprobs.
+                _, prefix = prefill_row(self.model, prompt[:-1], cached, prefix, self.device)
+                cached = len(prompt) - 1
             logits, layers = prefill_row(self.model, prompt, cached, prefix, self.device)
             # Stored at once, so a later row of this batch with the same prompt (a GRPO group) reuses it.
             cache.insert(prompt, layers)
