@@ -90,3 +90,27 @@ async def test_report_renders_plots_and_trajectories_in_chromium(tmp_path: Path)
         timeout=120,
     )
     assert shot.is_file() and shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+def test_report_shows_the_heldout_table_and_the_warm_start(tmp_path: Path) -> None:
+    import json
+
+    from toolgym.training.report import write_report
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1.0, "reward/mean": 0.1}) + "\n")
+    (tmp_path / "heldout").mkdir()
+    row = {"n": 100, "base": 0.02, "trained": 0.17, "diff": 0.15, "ci": [0.1, 0.2], "base_em": 0.0}
+    row |= {"trained_em": 0.09, "base_tool_calls": 0.4, "trained_tool_calls": 1.0, "infra_dropped": 0}
+    summary = {"env_id": "toolgym/SearchQA-v0", "split": "test", "metric": "f1", "n": 100, "seed": 0}
+    summary["tracks"] = [{"harness": "bare", **row}, {"harness": "scaffold", **row, "diff": -0.01}]
+    (tmp_path / "heldout" / "summary.json").write_text(json.dumps(summary))
+    warm = {"sampled": 64, "kept": 27, "tasks_with_success": 27, "tasks": 64, "mean_reward": 0.4}
+    warm |= {"mean_kept_reward": 1.0, "epoch_losses": [1.5, 0.75], "tokens": 2000, "seconds": 90.0}
+    (tmp_path / "warm_start.json").write_text(json.dumps(warm))
+    page = write_report(tmp_path).read_text()
+    table = page[page.index('<table id="heldout">') : page.index("</table>", page.index('id="heldout"'))]
+    assert (
+        table.count("<tr>") == 3 and "+0.150" in table and "-0.010" in table and "[+0.100, +0.200]" in table
+    )
+    assert "split <b>test</b>" in page and page.index("Held-out evaluation") < page.index("<h2>Curves</h2>")
+    assert "27 kept from\n27 tasks" in page and "1.500, 0.750" in page
