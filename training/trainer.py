@@ -39,13 +39,12 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TaskToolEnv, TrainablePolicy
-from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError
 from toolgym.training.batching import LossSums, micro_batches, pack_batch, plan_step
 from toolgym.training.checkpoint import (
@@ -349,10 +348,19 @@ class Trainer:
             return
         from rich.progress import Progress
 
-        from toolgym.training.warm_start import fine_tune, rejection_sample, summarize
+        from toolgym.training.warm_start import (
+            fine_tune,
+            reference_demonstrator,
+            rejection_sample,
+            summarize,
+        )
 
         started = time.perf_counter()
-        policy_for = self._demonstrator() if ws.source == "reference" else None
+        policy_for = (
+            reference_demonstrator(self.config.env.id, dict(self.config.env.kwargs), self.policy)
+            if ws.source == "reference"
+            else None
+        )
         with Progress(transient=True) as progress:
             bar = progress.add_task(f"warm start ({ws.source}): episodes", total=None)
             episodes, kept = await rejection_sample(
@@ -384,27 +392,6 @@ class Trainer:
         log.info("warm start: %s", result.to_dict())
         save_checkpoint(self.run_dir, self.state_dict())
         export_checkpoint(self.run_dir, self.model, self.policy, step=0)
-
-    def _demonstrator(self) -> Any:
-        """``task_id -> policy`` playing the environment's ``reference_rule`` in this policy's tokens."""
-        from toolgym.agents.policy import RulePolicy
-        from toolgym.agents.specs import env_attribute
-
-        rule_for = env_attribute(self.config.env.id, "reference_rule")
-        tokenizer, template = getattr(self.policy, "tokenizer", None), getattr(self.policy, "template", None)
-        if rule_for is None or tokenizer is None:
-            raise ConfigError(
-                f"warm_start.source = 'reference' needs a reference_rule(task) in {self.config.env.id}'s module "
-                "and a policy with a tokenizer; use warm_start.source = 'self' (rejection sampling)"
-            )
-        probe = make_env(self.config.env.id, dict(self.config.env.kwargs))
-        try:
-            tasks = {t.id: t for t in cast(ToolEnv, probe.unwrapped).tasks}
-        finally:
-            probe.close()
-        return lambda task_id: RulePolicy(
-            rule_for(tasks[task_id]), name="reference", tokenizer=tokenizer, template=template
-        )
 
     async def _collect(
         self, workers: RolloutWorkers, pending: dict[int, Group]

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
 from toolgym.errors import ConfigError, did_you_mean
@@ -135,6 +135,31 @@ class WarmStartResult:
         path = Path(run_dir) / "warm_start.json"
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
         return path
+
+
+def reference_demonstrator(env_id: str, env_kwargs: dict[str, Any], policy: Any) -> Callable[[str], Policy]:
+    """``task_id -> policy`` playing the environment module's ``reference_rule(task)`` in ``policy``'s
+    own tokenizer and chat template (``warm_start.source = "reference"``)."""
+    from toolgym.agents.policy import RulePolicy
+    from toolgym.agents.specs import env_attribute
+    from toolgym.env import ToolEnv
+    from toolgym.registry import make
+
+    rule_for = env_attribute(env_id, "reference_rule")
+    tokenizer, template = getattr(policy, "tokenizer", None), getattr(policy, "template", None)
+    if rule_for is None or tokenizer is None:
+        raise ConfigError(
+            f"warm_start.source = 'reference' needs a reference_rule(task) in {env_id}'s module "
+            "and a policy with a tokenizer; use warm_start.source = 'self' (rejection sampling)"
+        )
+    probe = make(env_id, **env_kwargs)
+    try:
+        tasks = {t.id: t for t in cast(ToolEnv, probe.unwrapped).tasks}
+    finally:
+        probe.close()
+    return lambda task_id: RulePolicy(
+        rule_for(tasks[task_id]), name="reference", tokenizer=tokenizer, template=template
+    )
 
 
 def _usable(trajectory: Trajectory, min_reward: float) -> bool:

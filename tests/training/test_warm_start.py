@@ -15,7 +15,7 @@ from toolgym.training.heldout import check_disjoint, heldout_table
 from toolgym.training.loss import TokenFidelityError, token_logprobs
 from toolgym.training.tiny_policy import TinyPolicy
 from toolgym.training.trainer import Trainer
-from toolgym.training.warm_start import WarmStartConfig, _usable, fine_tune
+from toolgym.training.warm_start import WarmStartConfig, _usable, fine_tune, reference_demonstrator
 
 TINY = [
     "env.id=toy_env:toolgym-test/Letters-v0",
@@ -150,7 +150,7 @@ def test_reference_source_needs_the_env_to_provide_a_rule(tmp_path: Path) -> Non
     )
     try:
         with pytest.raises(ConfigError, match="reference_rule"):
-            trainer._demonstrator()
+            reference_demonstrator(trainer.config.env.id, dict(trainer.config.env.kwargs), trainer.policy)
     finally:
         trainer.close()
     with pytest.raises(ConfigError, match="Did you mean 'reference'"):
