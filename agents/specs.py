@@ -242,6 +242,7 @@ def policy_factory(
     seed: int = 0,
     max_model_len: int = 2048,
     model: str | None = None,
+    device: str = "cpu",
 ) -> PolicyFactory:
     """Check a spec against what is installed and on disk, and return a factory for its policy.
 
@@ -254,6 +255,7 @@ def policy_factory(
         seed: the model policy's base seed.
         max_model_len: context the vLLM engine reserves (the episode's token budget, capped by the model).
         model: the served model name for ``http`` specs (when ``spec`` is text).
+        device: where a transformers (``hf``) policy runs (``cpu``, ``cuda``, ``cuda:1``).
     """
     if isinstance(spec, str):
         spec = parse_policy_spec(spec, model=model)
@@ -284,7 +286,7 @@ def policy_factory(
     def build_hf() -> Policy:
         from toolgym.agents.hf_policy import HFPolicy
 
-        return HFPolicy(directory, seed=seed)
+        return HFPolicy(directory, seed=seed, device=device)
 
     return PolicyFactory(spec, build_hf)
 

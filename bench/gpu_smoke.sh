@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU smoke check (CUDA machine with toolgym[vllm] installed; never run in CI): a few GRPO steps on
-# SearchQA's train split with rollouts from an in-process vLLM engine, then an evaluation of the
-# run's inference export through vLLM on the test split. Prints tokens/s, steps/min and the
-# weight-sync seconds per step.
+# GPU smoke check (CUDA machine; never run in CI). With vLLM installed (toolgym[vllm]): a few GRPO
+# steps on SearchQA's train split with rollouts from an in-process vLLM engine, then an evaluation of
+# the run's inference export through vLLM on the test split. Without vLLM: the demo (warm start, GRPO,
+# held-out evaluation of base vs trained on 100 test questions) with the transformers policy and its
+# learner on the GPU. Either way it prints tokens/s, steps/min and the weight-sync seconds per step.
 #
 #   bash bench/gpu_smoke.sh [OUT_DIR] [extra train overrides ...]
 #   e.g. bash bench/gpu_smoke.sh runs/gpu-smoke policy.model=/models/Qwen2.5-0.5B-Instruct
@@ -14,12 +15,18 @@ import importlib.util, sys
 import torch
 if not torch.cuda.is_available():
     sys.exit("gpu_smoke: torch sees no CUDA device; this check is for a GPU machine")
+print("gpu:", torch.cuda.get_device_name(0), "| torch", torch.__version__)
 if importlib.util.find_spec("vllm") is None:
-    sys.exit("gpu_smoke: vllm is not installed: pip install 'toolgym[vllm]'")
-print("gpu:", torch.cuda.get_device_name(0))
+    print("gpu_smoke: vllm is not installed (pip install 'toolgym[vllm]'): checking the transformers path")
 PY
 start=$(date +%s)
-toolgym train --config gpu --out "$out" train.steps=6 train.checkpoint_every=3 heldout.n=0 "$@"
+if python -c "import vllm" 2>/dev/null; then
+  engine=vllm
+  toolgym train --config gpu --out "$out" train.steps=6 train.checkpoint_every=3 heldout.n=0 "$@"
+else
+  engine=hf
+  toolgym train --config demo --out "$out" policy.learner_device=cuda heldout.engine=hf "$@"
+fi
 train_s=$(( $(date +%s) - start ))
 python - "$out" "$train_s" <<'PY'
 import json, sys
@@ -34,6 +41,11 @@ print(f"learner: {tokens:.0f} trained tokens in {learn:.1f} s -> {tokens / max(l
 print("weight sync per step (s):", ", ".join(f"{s:.2f}" for s in sync))
 print("reward/mean per step:", ", ".join(f"{r['reward/mean']:.3f}" for r in rows))
 PY
+if [ "$engine" = hf ]; then
+  toolgym report "$out" | head -40
+  echo "gpu_smoke: done in $(( $(date +%s) - start )) s"
+  exit 0
+fi
 toolgym eval --env toolgym/SearchQA-v0 --env-arg split=test --env-arg max_turns=4 --env-arg metric=f1 \
   --policy "vllm:run:$out" --harness bare,scaffold --n 50 --max-tokens 256 --out "$out/eval-test"
 echo "gpu_smoke: done in $(( $(date +%s) - start )) s"

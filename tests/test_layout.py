@@ -28,7 +28,7 @@ HEAVY = {
     "docker": ("tools/sandbox",),
     "ray": ("training/ray_backend.py", "agents/ray_"),
 }
-COMPOSITION_ROOTS = {"src/toolgym/cli.py"}
+COMPOSITION_ROOTS = {"src/toolgym/cli.py", "src/toolgym/cli_eval.py"}
 
 
 def _python_files():

@@ -79,8 +79,9 @@ class PolicyConfig:
             on GPU).
         gpu_memory_utilization: ``vllm`` only, on GPU: the share of GPU memory the engine may take;
             leave room for the learner when it shares the GPU.
-        learner_device: ``vllm`` only: where the learner's model and its optimizer live (``cpu``,
-            ``cuda``, ``cuda:1``).
+        learner_device: where the learner's model and its optimizer live (``cpu``, ``cuda``,
+            ``cuda:1``). For ``hf`` the policy is the learner, so its rollouts (and the held-out
+            evaluation with ``heldout.engine = "hf"``) run there too.
         engine_kwargs: ``vllm`` only: further ``vllm.AsyncEngineArgs`` fields (e.g.
             ``{ enforce_eager = true }``).
     """

@@ -160,7 +160,13 @@ async def run_heldout(config: Any, run_dir: str | Path, train_task_ids: Sequence
         probe.close()
     reports = {}
     for label, spec in specs.items():
-        factory = policy_factory(spec, env_id=config.env.id, seed=hc.seed, max_model_len=budget)
+        factory = policy_factory(
+            spec,
+            env_id=config.env.id,
+            seed=hc.seed,
+            max_model_len=budget,
+            device=config.policy.learner_device,
+        )
         log.info("held-out evaluation of %s (%s)", label, spec)
         try:
             reports[label] = await evaluate(

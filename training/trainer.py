@@ -96,8 +96,11 @@ def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
         )
     from toolgym.agents.hf_policy import HFPolicy
 
+    if pc.learner_device != "cpu" and not torch.cuda.is_available():
+        raise ConfigError(f"policy.learner_device = {pc.learner_device!r} but torch sees no CUDA device")
     return HFPolicy(
         pc.model or None,
+        device=pc.learner_device,
         dtype=pc.dtype,
         threads=pc.threads or None,
         max_batch=pc.max_batch,

@@ -206,3 +206,33 @@ def test_sampled_nll_equals_the_full_forward_pass() -> None:
     )
     assert tokens == 7
     assert float(nll) == pytest.approx(expected, abs=1e-5)
+
+
+def test_shared_prefix_fine_tune_gives_the_unshared_loss_and_gradient() -> None:
+    from toolgym.training.tiny_policy import tiny_model
+    from toolgym.training.warm_start import sampled_nll, shared_nll
+
+    prompt = list(range(40, 90))  # the shared system text / worked turn
+    rows = [
+        _trajectory(prompt + [5, 6, 7, 8, 9], [0] * 50 + [1, 1, 0, 1, 1]),
+        _trajectory(prompt + [5, 11, 12], [0] * 50 + [1, 1, 1]),
+        _trajectory(prompt + [20, 21, 22, 23, 24, 25, 26], [0] * 50 + [0, 0, 1, 1, 0, 1, 1]),
+    ]
+    grads = []
+    values = []
+    for shared in (False, True):
+        model = tiny_model(hidden=32, layers=2, seed=5).float()
+        if shared:
+            nll, tokens, finish = shared_nll(model, rows)
+            (nll / tokens).backward()
+            finish()
+        else:
+            nll, tokens = sampled_nll(model, rows)
+            (nll / tokens).backward()
+        values.append((float(nll), tokens))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert values[0][1] == values[1][1] == 11
+    assert values[1][0] == pytest.approx(values[0][0], abs=1e-5)
+    assert grads[0].shape == grads[1].shape
+    assert float((grads[0] - grads[1]).abs().max()) < 1e-5
+    assert float(grads[0].abs().max()) > 1e-3  # the comparison is not between two zero gradients

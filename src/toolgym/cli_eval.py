@@ -1,0 +1,205 @@
+"""``toolgym eval`` and ``toolgym compare``, and the environment options every command shares.
+
+Part of the command line's composition root (see :mod:`toolgym.cli`): commands import what they need
+inside their bodies, so loading this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from toolgym.errors import ConfigError
+
+
+def _import_modules(names: list[str]) -> None:
+    """Import user modules that register their own environments (``--import my_envs.weather_env``)."""
+    import importlib
+
+    sys.path.insert(0, str(Path.cwd()))
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"cannot import {name!r} ({exc}); run from the folder that contains it"
+            ) from None
+
+
+def _env_kwargs(pairs: list[str], env_id: str | None = None) -> dict[str, Any]:
+    """``--env-arg KEY=VALUE`` pairs (values parsed as JSON, else kept as text), checked against the
+    environment's constructor when ``env_id`` is given (a misspelt key gets "did you mean")."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--env-arg expects KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    if env_id is not None:
+        from toolgym.agents.evaluate import check_env_kwargs
+
+        check_env_kwargs(env_id, out)
+    return out
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from toolgym.agents.eval_runs import early_differences, load_eval_run
+    from toolgym.agents.evaluate import evaluate
+    from toolgym.agents.harness import get_harness
+    from toolgym.agents.specs import parse_policy_spec, policy_factory
+    from toolgym.core import SamplingParams
+    from toolgym.registry import check_id
+
+    _import_modules(args.imports)
+    check_id(args.env)
+    env_kwargs = _env_kwargs(args.env_arg, args.env)
+    harnesses = [h.strip() for h in args.harness.split(",") if h.strip()]
+    for name in harnesses:
+        get_harness(name)
+    if args.n < 1:
+        raise ConfigError(f"n must be >= 1, got {args.n}")
+    spec = parse_policy_spec(args.policy, model=args.model)
+    baseline = load_eval_run(args.baseline) if args.baseline is not None else None  # fail before the work
+    if baseline is not None:
+        differences = early_differences(baseline, args.env, env_kwargs, harnesses, args.seed)
+        if differences:
+            raise ConfigError(
+                f"--baseline {args.baseline} ran other episodes: differs in {'; '.join(differences)}. Fix: repeat "
+                "its --env, --env-arg, --harness, --n and --seed"
+            )
+    model_free = spec.model_free
+    factory = policy_factory(
+        spec, env_id=args.env, seed=args.seed, max_model_len=args.max_total_tokens, device=args.device
+    )
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
+    task = bar.add_task(f"eval {args.env}", total=None)
+
+    def progress(done: int, total: int) -> None:
+        # NOTE: the bar starts with the first episode, after the checks, so an error stays one line
+        if not bar.live.is_started:
+            bar.start()
+        bar.update(task, completed=done, total=total)
+
+    try:
+        factory()  # load the model now: a model that cannot load is an error before any output
+        report = asyncio.run(
+            evaluate(
+                args.env,
+                factory,
+                harnesses,
+                n=args.n,
+                seed=args.seed,
+                concurrency=args.concurrency,
+                # model-free policies write whole turns (a long submit list) in byte tokens: no caps
+                sampling=SamplingParams(
+                    max_tokens=args.max_tokens if not model_free else 1 << 20,
+                    temperature=args.temperature,
+                    seed=args.seed,
+                ),
+                max_total_tokens=args.max_total_tokens if not model_free else 1 << 30,
+                out_dir=args.out,
+                env_kwargs=env_kwargs,
+                progress=progress,
+                policy_label=spec.text,
+                policy_info=spec.describe(),
+                restart=args.restart,
+            )
+        )
+    finally:
+        if bar.live.is_started:
+            bar.stop()
+        factory.close()
+    table = Table(
+        title=f"{report.env_id} · policy {report.policy} · n={len(report.task_ids)} · seed {report.seed}"
+    )
+    reward_keys = sorted({k for t in report.tracks for k in t.metrics})
+    for col in [
+        "track",
+        "success",
+        *[k.removeprefix("reward/") for k in reward_keys],
+        "tool calls",
+        "tokens",
+        "seconds",
+        "infra err",
+    ]:
+        table.add_column(col, justify="left" if col == "track" else "right")
+    for t in report.tracks:
+        table.add_row(
+            t.harness,
+            f"{t.success:.3f}",
+            *[f"{t.metrics.get(k, 0.0):.3f}" for k in reward_keys],
+            f"{t.tool_calls:.2f}",
+            f"{t.tokens:.0f}",
+            f"{t.seconds:.1f}",
+            str(t.infra_errors),
+        )
+    Console(width=140).print(table)
+    base = report.tracks[0].harness
+    for name, (diff, low, high) in report.paired.items():
+        print(
+            f"paired reward difference {name} - {base}: {diff:+.3f} (95% bootstrap CI [{low:+.3f}, {high:+.3f}], n={len(report.task_ids)} tasks)"
+        )
+    if args.out is not None:
+        print(f"eval.json and trajectories written to {args.out}; compare: toolgym compare RUN_A {args.out}")
+    if baseline is not None:
+        from toolgym.agents.eval_runs import EvalRun, EvalSettings, compare_runs
+
+        this = EvalRun(args.out, EvalSettings.from_dict(report.settings), "complete", report.trajectories)
+        _print_comparison(compare_runs(baseline, this, seed=args.seed))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from toolgym.agents.eval_runs import compare_runs, load_eval_run
+
+    comparison = compare_runs(load_eval_run(args.run_a), load_eval_run(args.run_b))
+    if args.json:
+        print(comparison.to_json())
+    else:
+        _print_comparison(comparison)
+    return 0
+
+
+def _print_comparison(comparison: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"B - A  ·  A = {comparison.a}  ·  B = {comparison.b}")
+    for col in ("track", "pairs", "reward A", "reward B", "B - A", "95% bootstrap CI", "infra dropped"):
+        table.add_column(col, justify="left" if col == "track" else "right")
+    for t in comparison.tracks:
+        table.add_row(
+            t.harness,
+            str(t.n),
+            f"{t.reward_a:.3f}",
+            f"{t.reward_b:.3f}",
+            f"{t.diff:+.3f}",
+            f"[{t.low:+.3f}, {t.high:+.3f}]",
+            str(t.infra_dropped),
+        )
+    Console(width=140).print(table)
+    for t in comparison.tracks:
+        print(
+            f"paired reward difference B - A on {t.harness}: {t.diff:+.3f} "
+            f"(95% bootstrap CI [{t.low:+.3f}, {t.high:+.3f}], n={t.n} episodes)"
+        )
+    for note in comparison.notes:
+        print(f"note: the runs differ in {note}")
