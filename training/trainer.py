@@ -9,7 +9,7 @@ checkpoint.
 Weight sync, by policy. ``hf`` and ``tiny`` policies sample from the learner's own
 module, so the sync is the version bump under the policy's weights lock. A ``vllm`` policy serves its
 own copy of the weights in an engine process: the learner loads a separate fp32 transformers model of
-the same checkpoint (:func:`learner_model`) and, after each optimizer step, pushes it into the engine
+the same checkpoint (:func:`~toolgym.training.policies.learner_model`) and, after each optimizer step, pushes it into the engine
 in place (:class:`~toolgym.training.weight_sync.VLLMWeightSync`: pause, reload, relabel, resume; from
 the learner's worker thread, never the engine's event loop); the engine's ``load_weights`` is what
 bumps ``policy_version``. A completion that spans a reload reports the oldest weight version it used,
@@ -33,13 +33,12 @@ import asyncio
 import copy
 import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
@@ -58,92 +57,15 @@ from toolgym.training.config import TrainConfig, load_config, to_dict
 from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.export import export_checkpoint
 from toolgym.training.loss import check_token_receipt, clipped_pg_loss, mismatch_kl
+from toolgym.training.policies import Closable, build_policy, learner_model, require_trainable
 from toolgym.training.prefix import SequenceScorer
 from toolgym.training.rewards import shaped_reward
 from toolgym.training.rollouts import Group, GroupSampler, InfraGuard, RolloutWorkers, env_factory, make_env
+from toolgym.training.step_log import LOG_FILES, step_metrics, write_step
 
 __all__ = ["Trainer", "build_policy", "shaped_reward", "train_command"]  # shaped_reward: re-exported
 
 log = logging.getLogger(__name__)
-
-LOG_FILES = ("metrics.jsonl", "trajectories.jsonl", "curriculum.jsonl")
-
-
-def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
-    """The policy named by ``config.policy``.
-
-    ``hf`` and ``tiny`` expose the trained module as ``.model``; ``vllm`` starts an engine (its own
-    process) and exposes ``.model_dir``, from which the trainer loads the learner's copy.
-    """
-    pc = config.policy
-    if pc.threads:
-        torch.set_num_threads(pc.threads)
-    if pc.kind == "tiny":
-        from toolgym.training.tiny_policy import TinyPolicy
-
-        return TinyPolicy(hidden=pc.tiny_hidden, layers=pc.tiny_layers, seed=config.train.seed)
-    if pc.kind == "vllm":
-        from toolgym.agents.vllm_policy import VLLMPolicy
-
-        return VLLMPolicy(
-            pc.model or None,
-            dtype=pc.dtype,
-            max_model_len=pc.max_model_len,
-            seed=config.train.seed,
-            kv_cache_gib=pc.kv_cache_gib or None,
-            gpu_memory_utilization=pc.gpu_memory_utilization,
-            engine_kwargs=dict(pc.engine_kwargs),
-        )
-    from toolgym.agents.hf_policy import HFPolicy
-
-    if pc.learner_device != "cpu" and not torch.cuda.is_available():
-        raise ConfigError(f"policy.learner_device = {pc.learner_device!r} but torch sees no CUDA device")
-    return HFPolicy(
-        pc.model or None,
-        device=pc.learner_device,
-        dtype=pc.dtype,
-        threads=pc.threads or None,
-        max_batch=pc.max_batch,
-        seed=config.train.seed,
-    )
-
-
-def learner_model(model_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
-    """The learner's own fp32 transformers model of a served checkpoint (the engine keeps another copy).
-
-    fp32 whatever the serving dtype: the optimizer needs full-precision master weights; the engine
-    casts them to its dtype when it reloads. Loaded in eval mode (no dropout), like the engine.
-    """
-    from toolgym.agents.models import require_hf
-
-    _, transformers = require_hf("training with policy.kind = 'vllm'")
-    if device != "cpu" and not torch.cuda.is_available():
-        raise ConfigError(f"policy.learner_device = {device!r} but torch sees no CUDA device")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    return model.to(device).eval()
-
-
-@runtime_checkable
-class _Closable(Protocol):
-    def close(self) -> None: ...
-
-
-def require_trainable(policy: object) -> None:
-    """Refuse a policy the trainer cannot train, with what it lacks (a :class:`ConfigError`)."""
-    if isinstance(policy, TrainablePolicy | ServedPolicy):
-        if policy.token_exact:
-            return
-        reason = "its token ids and logprobs are not the ones it sampled (token_exact = False)"
-    else:
-        reason = (
-            "it is neither a TrainablePolicy (model, weights_lock, policy_version, token_exact) nor a "
-            "ServedPolicy (model_dir, policy_version, token_exact, close); a policy without exact "
-            "sampled tokens (token_exact = False, e.g. HTTPPolicy) never is"
-        )
-    raise ConfigError(
-        f"{type(policy).__name__} cannot be trained: {reason}. Train with policy.kind = 'hf' or 'vllm'; "
-        "use this policy for evaluation only"
-    )
 
 
 class Trainer:
@@ -261,7 +183,7 @@ class Trainer:
         """Release the weight-sync folder, and the policy when this trainer built it. Idempotent."""
         if self.weight_sync is not None:
             self.weight_sync.close()
-        if self._owns_policy and isinstance(self.policy, _Closable):
+        if self._owns_policy and isinstance(self.policy, Closable):
             self.policy.close()
 
     def resume(self) -> bool:
@@ -322,8 +244,21 @@ class Trainer:
                     await workers.advance(self.next_group)
                     self.step += 1
                     unlocked = self.curriculum.observe([t for g in groups for t in g.trajectories])
-                    metrics = self._metrics(groups, stale, learn, wait, time.perf_counter() - t1)
-                    self._write(groups, learn, metrics, unlocked)
+                    metrics = step_metrics(
+                        groups,
+                        learn,
+                        config=self.config,
+                        step=self.step,
+                        policy_version=self.policy.policy_version,
+                        stale=stale,
+                        dropped_groups=self.dropped_groups,
+                        wait=wait,
+                        t_learn=time.perf_counter() - t1,
+                        curriculum=self.curriculum.metrics(),
+                    )
+                    event = self.curriculum.events[-1] if unlocked else None
+                    write_step(self.run_dir, self.step, groups, learn, metrics, event)
+                    self.last_metrics = metrics
                     history.append(metrics)
                     if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 or self.step == tc.steps:
                         save_checkpoint(self.run_dir, self.state_dict())
@@ -506,85 +441,6 @@ class Trainer:
             "tokens": total,
             "sync": sync,
         }
-
-    # ------------------------------------------------------------------ logging
-    def _metrics(
-        self, groups: Sequence[Group], stale: list[int], learn: dict[str, Any], wait: float, t_learn: float
-    ) -> dict[str, float]:
-        trajs = [t for g in groups for t in g.trajectories]
-        ok = [t for t in trajs if t.status != "infra_error"]
-        rewards = [t.reward for t in ok] or [0.0]
-        mean = sum(rewards) / len(rewards)
-        tools = sorted(
-            {
-                k.split("/")[1]
-                for t in trajs
-                for k in t.metrics
-                if k.startswith("tool/") and k.endswith("/calls")
-            }
-            | {n for t in trajs for n in t.allowed_tools}
-        )
-        metrics: dict[str, float] = {
-            "step": float(self.step),
-            "policy_version": float(self.policy.policy_version),
-            "reward/mean": mean,
-            "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
-            "reward/shaped_mean": sum(
-                shaped_reward(t, self.config.train.format_credit, self.config.train.answer_tool) for t in ok
-            )
-            / max(len(ok), 1),
-            "reward/success_rate": sum(r >= self.config.curriculum.success_threshold for r in rewards)
-            / len(rewards),
-            "loss/pg": learn["pg"],
-            "loss/kl": learn["kl"],
-            "loss/clip_frac": learn["clip_frac"],
-            "loss/ratio_mean": learn["ratio_mean"],
-            "loss/grad_norm": learn["grad_norm"],
-            "loss/tokens": float(learn["tokens"]),
-            "mismatch/kl": learn["mismatch_kl"],
-            "staleness/mean": sum(stale) / len(stale),
-            "staleness/max": float(max(stale)),
-            "staleness/dropped_groups": float(self.dropped_groups),
-            "groups/zero_variance": float(learn["zero_variance"]),
-            "response/tokens_mean": sum(sum(t.loss_mask) for t in trajs) / len(trajs),
-            "env/turns_mean": sum(t.metrics.get("env/turns", 0.0) for t in trajs) / len(trajs),
-            "env/infra_errors": float(len(trajs) - len(ok)),
-            "env/infra_retries": sum(t.metrics.get("env/infra_retries", 0.0) for t in trajs),
-            "time/generate": sum(t.timings.get("time/generate", 0.0) for t in trajs) / len(trajs),
-            "time/env": sum(t.timings.get("time/env", 0.0) for t in trajs) / len(trajs),
-            "time/learn": t_learn,
-            "time/queue_wait": wait,
-        }
-        for name in tools:
-            metrics[f"tool/{name}/calls"] = sum(
-                t.metrics.get(f"tool/{name}/calls", 0.0) for t in trajs
-            ) / len(trajs)
-        metrics.update(learn["sync"])  # time/weight_sync, time/weight_export, time/weight_load (vLLM)
-        metrics.update(self.curriculum.metrics())
-        return metrics
-
-    def _write(
-        self, groups: Sequence[Group], learn: dict[str, Any], metrics: dict[str, float], unlocked: bool
-    ) -> None:
-        with (self.run_dir / "trajectories.jsonl").open("a", encoding="utf-8") as fh:
-            for group, advs in zip(groups, learn["advantages"], strict=True):
-                for i, (t, a) in enumerate(zip(group.trajectories, advs, strict=True)):
-                    record = {
-                        "step": self.step,
-                        "group": group.index,
-                        "sample": i,
-                        "advantage": a,
-                        "trained": id(t) in learn["trained"],
-                    }
-                    record["trajectory"] = json.loads(t.to_json())
-                    fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(metrics) + "\n")
-        if unlocked:
-            event = self.curriculum.events[-1] | {"step": self.step}
-            with (self.run_dir / "curriculum.jsonl").open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(event) + "\n")
-        self.last_metrics = metrics
 
 
 def train_command(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path) -> Path:

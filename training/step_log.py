@@ -1,0 +1,110 @@
+"""What one training step writes: its metrics row and its consumed samples (the run directory's logs).
+
+:func:`step_metrics` computes the ``metrics.jsonl`` row of a step from its groups and the learner's
+results; :func:`write_step` appends that row, one ``trajectories.jsonl`` line per consumed sample and,
+when the curriculum moved, its event to ``curriculum.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from toolgym.training.config import TrainConfig
+from toolgym.training.rewards import shaped_reward
+from toolgym.training.rollouts import Group
+
+__all__ = ["LOG_FILES", "step_metrics", "write_step"]
+
+LOG_FILES = ("metrics.jsonl", "trajectories.jsonl", "curriculum.jsonl")
+
+
+def step_metrics(
+    groups: Sequence[Group],
+    learn: Mapping[str, Any],
+    *,
+    config: TrainConfig,
+    step: int,
+    policy_version: int,
+    stale: Sequence[int],
+    dropped_groups: int,
+    wait: float,
+    t_learn: float,
+    curriculum: Mapping[str, float],
+) -> dict[str, float]:
+    """The ``metrics.jsonl`` row of one step (rewards exclude ``infra_error`` episodes)."""
+    trajs = [t for g in groups for t in g.trajectories]
+    ok = [t for t in trajs if t.status != "infra_error"]
+    rewards = [t.reward for t in ok] or [0.0]
+    mean = sum(rewards) / len(rewards)
+    tools = sorted(
+        {k.split("/")[1] for t in trajs for k in t.metrics if k.startswith("tool/") and k.endswith("/calls")}
+        | {n for t in trajs for n in t.allowed_tools}
+    )
+    tc = config.train
+    metrics: dict[str, float] = {
+        "step": float(step),
+        "policy_version": float(policy_version),
+        "reward/mean": mean,
+        "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+        "reward/shaped_mean": sum(shaped_reward(t, tc.format_credit, tc.answer_tool) for t in ok)
+        / max(len(ok), 1),
+        "reward/success_rate": sum(r >= config.curriculum.success_threshold for r in rewards) / len(rewards),
+        "loss/pg": learn["pg"],
+        "loss/kl": learn["kl"],
+        "loss/clip_frac": learn["clip_frac"],
+        "loss/ratio_mean": learn["ratio_mean"],
+        "loss/grad_norm": learn["grad_norm"],
+        "loss/tokens": float(learn["tokens"]),
+        "mismatch/kl": learn["mismatch_kl"],
+        "staleness/mean": sum(stale) / len(stale),
+        "staleness/max": float(max(stale)),
+        "staleness/dropped_groups": float(dropped_groups),
+        "groups/zero_variance": float(learn["zero_variance"]),
+        "response/tokens_mean": sum(sum(t.loss_mask) for t in trajs) / len(trajs),
+        "env/turns_mean": sum(t.metrics.get("env/turns", 0.0) for t in trajs) / len(trajs),
+        "env/infra_errors": float(len(trajs) - len(ok)),
+        "env/infra_retries": sum(t.metrics.get("env/infra_retries", 0.0) for t in trajs),
+        "time/generate": sum(t.timings.get("time/generate", 0.0) for t in trajs) / len(trajs),
+        "time/env": sum(t.timings.get("time/env", 0.0) for t in trajs) / len(trajs),
+        "time/learn": t_learn,
+        "time/queue_wait": wait,
+    }
+    for name in tools:
+        metrics[f"tool/{name}/calls"] = sum(t.metrics.get(f"tool/{name}/calls", 0.0) for t in trajs) / len(
+            trajs
+        )
+    metrics.update(learn["sync"])  # time/weight_sync, time/weight_export, time/weight_load (vLLM)
+    metrics.update(curriculum)
+    return metrics
+
+
+def write_step(
+    run_dir: Path,
+    step: int,
+    groups: Sequence[Group],
+    learn: Mapping[str, Any],
+    metrics: Mapping[str, float],
+    curriculum_event: Mapping[str, Any] | None = None,
+) -> None:
+    """Append the step's samples, its metrics row and (when the curriculum moved) its event."""
+    with (run_dir / "trajectories.jsonl").open("a", encoding="utf-8") as fh:
+        for group, advs in zip(groups, learn["advantages"], strict=True):
+            for i, (t, a) in enumerate(zip(group.trajectories, advs, strict=True)):
+                record = {
+                    "step": step,
+                    "group": group.index,
+                    "sample": i,
+                    "advantage": a,
+                    "trained": id(t) in learn["trained"],
+                    "trajectory": json.loads(t.to_json()),
+                }
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+    with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(dict(metrics)) + "\n")
+    if curriculum_event is not None:
+        with (run_dir / "curriculum.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps({**curriculum_event, "step": step}) + "\n")
