@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from toolgym.core import Completion, Message, SamplingParams, Task
+from toolgym.core import Task
 from toolgym.envs.arxiv_tasks import CONTEXT_END, CONTEXT_START, DEFAULT_MAX_TURNS
 from toolgym.errors import ConfigError
 from toolgym.parsing import format_tool_call, tool_responses
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_QUERY_WORDS",
-    "BM25BaselinePolicy",
     "BM25BaselineRule",
     "BaselineResult",
     "baseline_rule",
@@ -127,34 +126,6 @@ class BM25BaselineRule:
             return format_tool_call("search_papers", {"query": queries[len(responses)], "k": self.k})
         lists = [re.findall(r"^\[([0-9a-f]{10})\]", r, re.MULTILINE) for r in responses]
         return format_tool_call("submit", {"paper_ids": _submission(lists, self.k)})
-
-
-class BM25BaselinePolicy:
-    """:class:`BM25BaselineRule` as a :class:`~toolgym.core.Policy` (``toolgym eval --policy bm25``).
-
-    Environments may not import ``toolgym.agents`` (the dependency rule that ``tests/test_layout.py``
-    enforces), so the chat template and tokenizer come from ``chat``: any ``toolgym.agents`` chat
-    policy (``ChatPolicy(ByteTokenizer())`` for a model-free run). Its ``render`` and ``complete`` are used; its own ``generate`` never is.
-    """
-
-    name = "bm25"
-
-    def __init__(self, chat: Any, k: int = 2, max_queries: int = DEFAULT_MAX_TURNS - 1) -> None:
-        for attr in ("render", "complete", "tokenizer"):
-            if not hasattr(chat, attr):
-                raise ConfigError(
-                    f"chat must be a toolgym.agents ChatPolicy (needs .{attr}), got {type(chat).__name__}"
-                )
-        self.chat = chat
-        self.rule = BM25BaselineRule(k, max_queries)
-
-    def render(
-        self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False
-    ) -> list[int]:
-        return self.chat.render(messages, continuation=continuation, close_turn=close_turn)
-
-    async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
-        return self.chat.complete(self.rule(self.chat.tokenizer.decode(token_ids)), sampling)
 
 
 def baseline_rule() -> BM25BaselineRule:

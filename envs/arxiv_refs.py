@@ -37,7 +37,6 @@ from toolgym.env import ToolEnv
 from toolgym.envs.arxiv_baseline import MAX_QUERY_WORDS as MAX_QUERY_WORDS
 from toolgym.envs.arxiv_baseline import (
     BaselineResult,
-    BM25BaselinePolicy,
     BM25BaselineRule,
     bm25_baseline,
     placeholder_queries,
@@ -67,7 +66,6 @@ __all__ = [
     "DEFAULT_FALLBACK",
     "DEFAULT_SECTIONS",
     "ArxivRefsEnv",
-    "BM25BaselinePolicy",
     "BM25BaselineRule",
     "BaselineResult",
     "CitationF1Verifier",

@@ -9,14 +9,13 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import toolgym  # noqa: F401  (registers the ids)
-from toolgym.agents.chat import ByteTokenizer
 from toolgym.agents.harness import BareHarness
-from toolgym.agents.policy import ChatPolicy, ScriptedPolicy
+from toolgym.agents.policy import RulePolicy, ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams
 from toolgym.envs.arxiv_refs import (
     ArxivRefsEnv,
-    BM25BaselinePolicy,
+    baseline_rule,
     bm25_baseline,
     placeholder_queries,
     split_groups,
@@ -399,10 +398,10 @@ def test_placeholder_queries_cover_every_sentence():
     assert placeholder_queries(prompt, max_queries=1) == ["A is good C as well ok"]
 
 
-async def test_bm25_policy_matches_bm25_baseline(default_env):
+async def test_scripted_policy_matches_bm25_baseline(default_env):
     expected = bm25_baseline(default_env, k=2).rewards
     for task in default_env.tasks[:6]:
-        policy = BM25BaselinePolicy(ChatPolicy(ByteTokenizer()), k=2)
+        policy = RulePolicy(baseline_rule(), name="scripted")  # what `--policy scripted` runs
         traj = await run_episode(
             default_env,
             policy,
