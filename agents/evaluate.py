@@ -215,15 +215,20 @@ async def evaluate(
     policy_name = policy_label
     started = time.perf_counter()
     try:
+        # NOTE: every track's episodes share one pool of `concurrency` slots, so the engine's batch
+        # stays full across the end of one track and the start of the next.
+        jobs = []
         for harness in harness_objs:
             todo = [(i, t) for i, t in enumerate(picked) if (harness.name, t, seed + i) not in done_keys]
-            new: list[Trajectory] = []
             if todo:
                 policy = policy_factory()
                 policy_name = policy_name or getattr(policy, "name", type(policy).__name__)
-                new = await _all_or_none([one(harness, policy, i, t) for i, t in todo])
+                jobs += [one(harness, policy, i, t) for i, t in todo]
+        new = await _all_or_none(jobs)
+        for harness in harness_objs:
+            mine = [*finished.get(harness.name, []), *(t for t in new if t.harness == harness.name)]
             # NOTE: episodes in task order whatever order they finished (or were resumed) in
-            by_key = {(t.task_id, t.seed): t for t in [*finished.get(harness.name, []), *new]}
+            by_key = {(t.task_id, t.seed): t for t in mine}
             results[harness.name] = [by_key[(t, seed + i)] for i, t in enumerate(picked)]
     finally:
         for env in pool:
