@@ -78,7 +78,7 @@ class _BufferLayer(DynamicLayer):
         self.buffer_values[:, :, self.length : end].copy_(value_states)
         self.length = end
         self._expose()
-        return self.keys, self.values
+        return self.buffer_keys[:, :, :end], self.buffer_values[:, :, :end]  # = self.keys, self.values
 
 
 class DecodeCache:
@@ -95,7 +95,7 @@ class DecodeCache:
         self.lengths = lengths
         capacity = self.width + extra
         first = rows[0]
-        layers = []
+        layers: list[_BufferLayer] = []
         for index, (k0, v0) in enumerate(first):
             keys = k0.new_zeros((len(rows), k0.shape[0], capacity, k0.shape[-1]))
             values = v0.new_zeros((len(rows), v0.shape[0], capacity, v0.shape[-1]))
@@ -104,8 +104,9 @@ class DecodeCache:
                 keys[i, :, self.width - lengths[i] : self.width] = k
                 values[i, :, self.width - lengths[i] : self.width] = v
             layers.append(_BufferLayer(keys, values, self.width))
+        self.layers = layers
         self.cache = DynamicCache()
-        self.cache.layers = layers
+        self.cache.layers = list(layers)
         mask = torch.zeros((len(rows), self.width), dtype=torch.long, device=first[0][0].device)
         for i, n in enumerate(lengths):
             mask[i, self.width - n :] = 1
@@ -116,5 +117,5 @@ class DecodeCache:
         start, end = self.width - self.lengths[i], self.width + generated
         return [
             (layer.buffer_keys[i, :, start:end].clone(), layer.buffer_values[i, :, start:end].clone())
-            for layer in self.cache.layers
+            for layer in self.layers
         ]

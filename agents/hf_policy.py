@@ -359,7 +359,7 @@ class HFPolicy(ChatPolicy):
                 past = out.past_key_values
                 logits = out.logits[:, -1, :].float().cpu()
                 steps += 1
-            if decode is not None:
+            if decode is not None and self.prefix_cache is not None:
                 for i, row in enumerate(rows):
                     # NOTE: the last sampled id was never fed to the model, so it has no keys/values.
                     fed = len(row.ids) - 1

@@ -42,6 +42,7 @@ import numpy as np
 
 from toolgym.data import iter_jsonl
 from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError, did_you_mean
+from toolgym.tools.index_manifest import FORMAT, MANIFEST, file_table, fix_hint, read_manifest
 
 __all__ = [
     "BACKENDS",
@@ -60,8 +61,6 @@ log = logging.getLogger(__name__)
 BACKENDS = ("default", "pyserini")
 #: Largest ``k`` a search accepts: deeper lists are a mistake in an agent's call, not a need.
 MAX_K = 1000
-FORMAT = 1
-_MANIFEST = "manifest.json"
 _DOC_FILES = ("docs_ids.json", "docs.bin", "docs_offsets.npy")
 
 
@@ -170,71 +169,6 @@ def _corpus_hash(ids: Sequence[str], titles: Sequence[str], texts: Sequence[str]
     return digest.hexdigest()
 
 
-# -------------------------------------------------------------------------------------------- manifest
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _file_table(root: Path) -> dict[str, dict[str, Any]]:
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != _MANIFEST)
-    return {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
-
-
-def _fix_hint(path: Path) -> str:
-    return (
-        f"Fix: delete {path} and build it again (build_index(docs, ...) or "
-        "`toolgym index build --corpus FILE.jsonl`)"
-    )
-
-
-def _read_manifest(path: Path, *, verify: bool = True) -> dict[str, Any]:
-    """Return the manifest of the index at ``path`` after checking every file against it.
-
-    Raises:
-        BackendError: the directory is missing, incomplete, altered or from another format version.
-    """
-    if not path.is_dir():
-        raise BackendError(f"no index at {path} (not a directory). {_fix_hint(path)}")
-    try:
-        manifest = json.loads((path / _MANIFEST).read_text(encoding="utf-8"))
-        files = manifest["files"]
-        fmt = manifest["format"]
-    except FileNotFoundError:
-        raise BackendError(
-            f"the index at {path} has no {_MANIFEST}: its build never finished. {_fix_hint(path)}"
-        ) from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BackendError(
-            f"the index manifest {path / _MANIFEST} is unreadable ({exc}). {_fix_hint(path)}"
-        ) from None
-    if fmt != FORMAT:
-        raise BackendError(
-            f"the index at {path} has format {fmt!r}, this toolgym reads {FORMAT}. {_fix_hint(path)}"
-        )
-    for name, meta in files.items():
-        file = path / name
-        try:
-            size = file.stat().st_size
-        except OSError:
-            raise BackendError(f"the index at {path} lacks {name}. {_fix_hint(path)}") from None
-        if size != meta["size"]:
-            raise BackendError(
-                f"the index at {path} is corrupt: {name} has {size} bytes, the manifest says {meta['size']}. "
-                + _fix_hint(path)
-            )
-        if verify and _sha256(file) != meta["sha256"]:
-            raise BackendError(
-                f"the index at {path} is corrupt: {name} fails its checksum. {_fix_hint(path)}"
-            )
-    return manifest
-
-
 # ----------------------------------------------------------------------------------------------- index
 
 
@@ -256,7 +190,7 @@ class Index:
             )
         except (OSError, ValueError) as exc:
             raise BackendError(
-                f"cannot read the document store of {path} ({exc}). {_fix_hint(path)}"
+                f"cannot read the document store of {path} ({exc}). {fix_hint(path)}"
             ) from None
         self._positions: dict[str, int] | None = None
         self._ranker: _Ranker
@@ -333,7 +267,7 @@ class Index:
         except UnicodeDecodeError as exc:
             raise BackendError(
                 f"the index at {self._path} is corrupt: document {doc_id!r} is not UTF-8 ({exc}); its "
-                f"files changed after it was opened. {_fix_hint(self._path)}"
+                f"files changed after it was opened. {fix_hint(self._path)}"
             ) from None
         return {"id": doc_id, "title": title, "text": text}
 
@@ -396,9 +330,9 @@ def _write(
         "corpus_sha256": corpus_sha,
         "settings": _settings(backend),
         "n_docs": len(ids),
-        "files": _file_table(tmp),
+        "files": file_table(tmp),
     }
-    (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return manifest
 
 
@@ -414,9 +348,9 @@ def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | 
 
     if target.exists():
         try:
-            manifest = _read_manifest(target)
+            manifest = read_manifest(target)
         except BackendError as exc:
-            ours = (target / _MANIFEST).exists() or any((target / n).exists() for n in _DOC_FILES)
+            ours = (target / MANIFEST).exists() or any((target / n).exists() for n in _DOC_FILES)
             if not target.is_dir() or (any(target.iterdir()) and not ours):
                 raise ConfigError(
                     f"{target} exists and is not a toolgym index; refusing to overwrite it. "
@@ -442,9 +376,9 @@ def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | 
             tmp.rename(target)
         except OSError:
             # Another process finished the same build first: use its index if it is sound.
-            if (target / _MANIFEST).exists() and _read_manifest(target).get("key") == key:
+            if (target / MANIFEST).exists() and read_manifest(target).get("key") == key:
                 log.info("another process built %s first; using it", target)
-                return Index(target, _read_manifest(target, verify=False))
+                return Index(target, read_manifest(target, verify=False))
             raise
         finally:
             if old is not None:
@@ -481,7 +415,7 @@ def load_index(path: str | Path) -> Index:
         BackendError: the directory is missing, incomplete or corrupt (the message says how to fix it).
     """
     path = Path(path)
-    return Index(path, _read_manifest(path))
+    return Index(path, read_manifest(path))
 
 
 def build_command(corpus: Path, backend: str, out: Path | None) -> Path:
