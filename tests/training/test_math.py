@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from builders import trajectory
 
-from toolgym.core import Trajectory, sampled_ids_hash
+from toolgym.core import Trajectory
 from toolgym.training.advantages import group_advantages
 from toolgym.training.batching import (
     LossSums,
@@ -124,29 +125,11 @@ class TwoWayBPE:
         return "".join(inverse[i] for i in ids)
 
 
-def _trajectory(token_ids: tuple[int, ...], mask: tuple[int, ...]) -> Trajectory:
-    return Trajectory(
-        env_id="x",
-        task_id="t",
-        seed=0,
-        harness="bare",
-        allowed_tools=(),
-        messages=(),
-        token_ids=token_ids,
-        loss_mask=mask,
-        logprobs=(0.0,) * len(token_ids),
-        reward=1.0,
-        metrics={},
-        status="ok",
-        token_hash=sampled_ids_hash(token_ids, mask),
-    )
-
-
 def test_retokenising_a_sample_changes_ids_and_the_receipt_catches_it() -> None:
     tok = TwoWayBPE()
     prompt = tok.encode("c")
     sampled = [0, 1, 3]  # the policy sampled "a", "b", "c" as three tokens
-    traj = _trajectory(tuple(prompt + sampled), (0, 1, 1, 1))
+    traj = trajectory(tuple(prompt + sampled), (0, 1, 1, 1))
     check_token_receipt(traj)  # the untouched trajectory passes
     reencoded = tok.encode(tok.decode(sampled))
     assert tok.decode(reencoded) == tok.decode(sampled) and reencoded != sampled  # same text, other ids
@@ -156,7 +139,7 @@ def test_retokenising_a_sample_changes_ids_and_the_receipt_catches_it() -> None:
 
 
 def test_receipt_rejects_length_mismatch() -> None:
-    traj = _trajectory((1, 2), (0, 1))
+    traj = trajectory((1, 2), (0, 1))
     with pytest.raises(TokenFidelityError, match="equal lengths"):
         check_token_receipt(replace(traj, logprobs=(0.0,)))
 
@@ -168,7 +151,7 @@ def _scored(reward: float, *, status: str = "ok", n: int = 3, metrics: dict | No
     ids = tuple(range(10, 10 + n))
     mask = (0,) + (1,) * (n - 1)
     return replace(
-        _trajectory(ids, mask),
+        trajectory(ids, mask),
         reward=reward,
         status=status,
         metrics=metrics or {},
@@ -227,8 +210,8 @@ def test_micro_batches_and_common_prefix_length() -> None:
 
 
 def test_pack_batch_exact_tensors() -> None:
-    short = replace(_trajectory((7, 8, 9), (0, 1, 1)), logprobs=(0.0, -0.25, -0.5))
-    long = replace(_trajectory((7, 8, 1, 2, 3), (0, 0, 1, 0, 1)), logprobs=(0.0, 0.0, -1.0, 0.0, -2.0))
+    short = replace(trajectory((7, 8, 9), (0, 1, 1)), logprobs=(0.0, -0.25, -0.5))
+    long = replace(trajectory((7, 8, 1, 2, 3), (0, 0, 1, 0, 1)), logprobs=(0.0, 0.0, -1.0, 0.0, -2.0))
     batch = pack_batch([Sample(short, 1.5), Sample(long, -0.5)])
     assert batch.sequences == ((7, 8, 9), (7, 8, 1, 2, 3))
     assert batch.behaviour.tolist() == [[0.0, -0.25, -0.5, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0, -2.0]]

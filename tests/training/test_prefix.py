@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+from builders import trajectory
 
-from toolgym.core import Trajectory, sampled_ids_hash
 from toolgym.training.batching import Sample, micro_batches, pack_batch
 from toolgym.training.loss import clipped_pg_loss, mismatch_kl, token_logprobs
 from toolgym.training.prefix import SequenceScorer
@@ -28,22 +28,8 @@ TOL = 1e-5
 def _sample(ids: Sequence[int], mask: Sequence[int], advantage: float, seed: int) -> Sample:
     """A trajectory with made-up behaviour logprobs on its sampled tokens (a valid token receipt)."""
     rng = random.Random(seed)
-    trajectory = Trajectory(
-        env_id="x",
-        task_id="t",
-        seed=0,
-        harness="bare",
-        allowed_tools=(),
-        messages=(),
-        token_ids=tuple(ids),
-        loss_mask=tuple(mask),
-        logprobs=tuple(-rng.uniform(0.05, 3.0) if m else 0.0 for m in mask),
-        reward=0.0,
-        metrics={},
-        status="ok",
-        token_hash=sampled_ids_hash(ids, mask),
-    )
-    return Sample(trajectory, advantage)
+    logprobs = [-rng.uniform(0.05, 3.0) if m else 0.0 for m in mask]
+    return Sample(trajectory(ids, mask, logprobs=logprobs, reward=0.0), advantage)
 
 
 def _group(vocab: int, prefix_len: int, suffix_lens: Sequence[int], *, seed: int = 0) -> list[Sample]:

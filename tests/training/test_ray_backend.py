@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from builders import tiny_overrides
 
 from toolgym.agents.harness import get_harness
 from toolgym.agents.policy import ScriptedPolicy
@@ -29,17 +30,7 @@ from toolgym.training.ray_backend import EnvActorPool, RemoteEnv
 from toolgym.training.rollouts import make_env
 from toolgym.training.tiny_policy import tiny_model
 
-TINY = [
-    "env.id=toy_env:toolgym-test/Letters-v0",
-    "policy.kind=tiny",
-    "policy.tiny_hidden=32",
-    "sampling.max_tokens=12",
-    "train.steps=2",
-    "train.tasks_per_step=2",
-    "train.group_size=4",
-    "train.lr=0.01",
-    "train.max_off_policy_steps=0",
-]
+TINY = tiny_overrides()
 
 SEARCH_TURNS = [
     '<tool_call>{"name": "search", "arguments": {"query": "capital city of France", "k": 2}}</tool_call>',

@@ -7,22 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import tiny_overrides
 
 from toolgym.errors import ConfigError
 from toolgym.training.config import load_config
 from toolgym.training.trainer import Trainer
 
-TINY = [
-    "env.id=toy_env:toolgym-test/Letters-v0",
-    "policy.kind=tiny",
-    "policy.tiny_hidden=32",
-    "sampling.max_tokens=12",
-    "train.steps=3",
-    "train.tasks_per_step=2",
-    "train.group_size=4",
-    "train.lr=0.01",
-    "train.max_off_policy_steps=0",
-]
+TINY = tiny_overrides(steps=3)
 
 
 async def test_tiny_training_changes_parameters_and_writes_logs(tmp_path: Path) -> None:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import tiny_overrides, trajectory
 
-from toolgym.core import Trajectory, sampled_ids_hash
+from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
 from toolgym.training.config import load_config
 from toolgym.training.heldout import check_disjoint, heldout_table
@@ -17,55 +18,23 @@ from toolgym.training.tiny_policy import TinyPolicy
 from toolgym.training.trainer import Trainer
 from toolgym.training.warm_start import WarmStartConfig, _usable, fine_tune, reference_demonstrator
 
-TINY = [
-    "env.id=toy_env:toolgym-test/Letters-v0",
-    "policy.kind=tiny",
-    "policy.tiny_hidden=32",
-    "sampling.max_tokens=12",
-    "train.steps=2",
-    "train.tasks_per_step=2",
-    "train.group_size=4",
-    "train.lr=0.01",
-    "train.max_off_policy_steps=0",
-]
-
-
-def _trajectory(
-    ids: list[int], mask: list[int], *, reward: float = 1.0, status: str = "ok", **metrics: float
-) -> Trajectory:
-    return Trajectory(
-        env_id="toy",
-        task_id="t",
-        seed=0,
-        harness="bare",
-        allowed_tools=(),
-        messages=(),
-        token_ids=tuple(ids),
-        loss_mask=tuple(mask),
-        logprobs=tuple(0.0 for _ in ids),
-        reward=reward,
-        metrics=dict(metrics),
-        status=status,
-        policy_version=0,
-        timings={},
-        token_hash=sampled_ids_hash(ids, mask),
-    )
+TINY = tiny_overrides()
 
 
 def test_only_clean_rewarded_episodes_are_kept() -> None:
-    ok = _trajectory([1, 2, 3], [0, 1, 1], reward=0.6)
+    ok = trajectory([1, 2, 3], [0, 1, 1], reward=0.6)
     assert _usable(ok, 0.5)
-    assert not _usable(_trajectory([1, 2, 3], [0, 1, 1], reward=0.4), 0.5)
-    assert not _usable(_trajectory([1, 2, 3], [0, 1, 1], reward=0.9, status="truncated"), 0.5)
-    assert not _usable(_trajectory([1, 2, 3], [0, 1, 1], reward=0.9, **{"env/parse_errors": 1.0}), 0.5)
-    assert not _usable(_trajectory([1, 2, 3], [0, 0, 0], reward=0.9), 0.5)
+    assert not _usable(trajectory([1, 2, 3], [0, 1, 1], reward=0.4), 0.5)
+    assert not _usable(trajectory([1, 2, 3], [0, 1, 1], reward=0.9, status="truncated"), 0.5)
+    assert not _usable(trajectory([1, 2, 3], [0, 1, 1], reward=0.9, **{"env/parse_errors": 1.0}), 0.5)
+    assert not _usable(trajectory([1, 2, 3], [0, 0, 0], reward=0.9), 0.5)
 
 
 def test_fine_tune_raises_the_likelihood_of_sampled_tokens_only() -> None:
     torch.manual_seed(0)
     model = TinyPolicy(hidden=32, layers=1, seed=0).model
     prompt, sampled = [5, 6, 7, 8], [9, 10, 11]
-    t = _trajectory(prompt + sampled, [0] * len(prompt) + [1] * len(sampled))
+    t = trajectory(prompt + sampled, [0] * len(prompt) + [1] * len(sampled))
     with torch.no_grad():
         before, _ = token_logprobs(model, [t.token_ids])
     losses = fine_tune(model, [t], WarmStartConfig(samples=1, epochs=5, lr=0.01, micro_batch=1), seed=0)
@@ -79,7 +48,7 @@ def test_fine_tune_raises_the_likelihood_of_sampled_tokens_only() -> None:
 
 def test_fine_tune_refuses_altered_tokens() -> None:
     model = TinyPolicy(hidden=16, layers=1, seed=0).model
-    t = _trajectory([1, 2, 3], [0, 1, 1])
+    t = trajectory([1, 2, 3], [0, 1, 1])
     altered = Trajectory.from_json(t.to_json().replace('"token_ids": [1, 2, 3]', '"token_ids": [1, 2, 4]'))
     with pytest.raises(TokenFidelityError):
         fine_tune(model, [altered], WarmStartConfig(samples=1), seed=0)
@@ -194,9 +163,9 @@ def test_sampled_nll_equals_the_full_forward_pass() -> None:
 
     model = TinyPolicy(hidden=32, layers=2, seed=1).model
     rows = [
-        _trajectory([7, 8, 9, 10, 11, 12, 13], [0, 0, 0, 1, 1, 0, 1]),
-        _trajectory([7, 8, 20, 21], [0, 0, 1, 1]),
-        _trajectory([30, 31, 32, 33, 34], [0, 1, 0, 0, 1]),
+        trajectory([7, 8, 9, 10, 11, 12, 13], [0, 0, 0, 1, 1, 0, 1]),
+        trajectory([7, 8, 20, 21], [0, 0, 1, 1]),
+        trajectory([30, 31, 32, 33, 34], [0, 1, 0, 0, 1]),
     ]
     nll, tokens = sampled_nll(model, rows)
     with torch.no_grad():
@@ -214,9 +183,9 @@ def test_shared_prefix_fine_tune_gives_the_unshared_loss_and_gradient() -> None:
 
     prompt = list(range(40, 90))  # the shared system text / worked turn
     rows = [
-        _trajectory(prompt + [5, 6, 7, 8, 9], [0] * 50 + [1, 1, 0, 1, 1]),
-        _trajectory(prompt + [5, 11, 12], [0] * 50 + [1, 1, 1]),
-        _trajectory(prompt + [20, 21, 22, 23, 24, 25, 26], [0] * 50 + [0, 0, 1, 1, 0, 1, 1]),
+        trajectory(prompt + [5, 6, 7, 8, 9], [0] * 50 + [1, 1, 0, 1, 1]),
+        trajectory(prompt + [5, 11, 12], [0] * 50 + [1, 1, 1]),
+        trajectory(prompt + [20, 21, 22, 23, 24, 25, 26], [0] * 50 + [0, 0, 1, 1, 0, 1, 1]),
     ]
     grads = []
     values = []
