@@ -201,9 +201,6 @@ def _dead(exc: BaseException) -> PolicyError:
     )
 
 
-_RESERVED_CPU = "VLLM_CPU_NUM_OF_RESERVED_CPU"
-
-
 @contextlib.contextmanager
 def _environ_defaults(values: Mapping[str, str]) -> Iterator[None]:
     """Set the variables of ``values`` that the environment does not set already; restore on exit."""
@@ -230,11 +227,8 @@ class VLLMPolicy(ChatPolicy):
         enforce_eager: skip torch.compile / CUDA graphs. ``None``: eager on CPU (compilation costs
             minutes there and buys nothing for a small model), compiled on GPU.
         engine_kwargs: any further ``vllm.AsyncEngineArgs`` fields (e.g. ``tensor_parallel_size``).
-        cpu_reserved: CPU only: cores vLLM keeps free of its compute threads for the calling process.
-            ``None`` leaves vLLM's choice (one core when alone), or ``VLLM_CPU_NUM_OF_RESERVED_CPU`` if
-            set; ``0`` puts every core to work, the right choice when the caller has little to do
-            while the engine runs (evaluation: 1.65x the episodes per minute on 2 cores, measured with
-            ``bench/eval.py``). An explicit ``VLLM_CPU_NUM_OF_RESERVED_CPU`` always wins.
+        cpu_reserved: CPU only: cores kept from vLLM for the caller (``None``: vLLM's choice; ``0``: all
+            serve, 1.65x the eval episodes/min on 2 cores); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` wins.
 
     Attributes:
         tokenizer: an :class:`~toolgym.agents.hf_policy.HFTokenizer` over the model's tokenizer.
@@ -279,6 +273,8 @@ class VLLMPolicy(ChatPolicy):
         self.on_cpu = bool(current_platform.is_cpu())
         if kv_cache_gib is None and self.on_cpu:
             kv_cache_gib = 1.0
+        reserve = cpu_reserved is not None and self.on_cpu
+        cpu = {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(cpu_reserved)} if reserve else {}
         args: dict[str, Any] = {
             "model": str(self.model_dir),
             "dtype": dtype,
@@ -300,10 +296,8 @@ class VLLMPolicy(ChatPolicy):
         atexit.register(self._finalizer)
         start = time.perf_counter()
 
-        reserved = {} if cpu_reserved is None or not self.on_cpu else {_RESERVED_CPU: str(cpu_reserved)}
-
         async def make() -> Any:
-            with _environ_defaults(reserved):  # read by the engine's processes as they start
+            with _environ_defaults(cpu):  # read by the engine's processes as they start
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
             await engine.update_weight_version("0")
             return engine
