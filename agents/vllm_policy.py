@@ -228,7 +228,7 @@ class VLLMPolicy(ChatPolicy):
             minutes there and buys nothing for a small model), compiled on GPU.
         engine_kwargs: any further ``vllm.AsyncEngineArgs`` fields (e.g. ``tensor_parallel_size``).
         cpu_reserved: CPU only: cores kept from vLLM for the caller (``None``: vLLM's choice; ``0``: all
-            serve, 1.65x the eval episodes/min on 2 cores); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` wins.
+            serve, 1.66x the eval episodes/min on 2 cores); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` wins.
 
     Attributes:
         tokenizer: an :class:`~toolgym.agents.hf_policy.HFTokenizer` over the model's tokenizer.
