@@ -14,7 +14,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from toolgym.cli_eval import _env_kwargs, _import_modules, cmd_compare, cmd_eval
+from toolgym.cli_eval import cmd_compare, cmd_eval, import_user_modules, parse_env_args
 from toolgym.errors import ConfigError, ToolgymError
 
 POLICY_HELP = (
@@ -198,10 +198,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_play(args: argparse.Namespace) -> int:
     from toolgym.registry import check_id, make
 
-    _import_modules(args.imports)
+    import_user_modules(args.imports)
     check_id(args.env)
     try:
-        env = make(args.env, **_env_kwargs(args.env_arg, args.env))
+        env = make(args.env, **parse_env_args(args.env_arg, args.env))
     except TypeError as exc:
         raise ConfigError(f"{args.env} rejected its arguments ({exc}); fix the --env-arg values") from exc
     options = {"task_id": args.task_id} if args.task_id else None

@@ -15,8 +15,10 @@ from typing import Any
 
 from toolgym.errors import ConfigError
 
+__all__ = ["cmd_compare", "cmd_eval", "import_user_modules", "parse_env_args"]
 
-def _import_modules(names: list[str]) -> None:
+
+def import_user_modules(names: list[str]) -> None:
     """Import user modules that register their own environments (``--import my_envs.weather_env``)."""
     import importlib
 
@@ -30,7 +32,7 @@ def _import_modules(names: list[str]) -> None:
             ) from None
 
 
-def _env_kwargs(pairs: list[str], env_id: str | None = None) -> dict[str, Any]:
+def parse_env_args(pairs: list[str], env_id: str | None = None) -> dict[str, Any]:
     """``--env-arg KEY=VALUE`` pairs (values parsed as JSON, else kept as text), checked against the
     environment's constructor when ``env_id`` is given (a misspelt key gets "did you mean")."""
     out: dict[str, Any] = {}
@@ -61,9 +63,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from toolgym.core import SamplingParams
     from toolgym.registry import check_id
 
-    _import_modules(args.imports)
+    import_user_modules(args.imports)
     check_id(args.env)
-    env_kwargs = _env_kwargs(args.env_arg, args.env)
+    env_kwargs = parse_env_args(args.env_arg, args.env)
     harnesses = [h.strip() for h in args.harness.split(",") if h.strip()]
     for name in harnesses:
         get_harness(name)
