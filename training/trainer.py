@@ -10,8 +10,8 @@ Weight sync, by policy. ``hf`` and ``tiny`` policies sample from the learner's o
 module, so the sync is the version bump under the policy's weights lock. A ``vllm`` policy serves its
 own copy of the weights in an engine process: the learner loads a separate fp32 transformers model of
 the same checkpoint (:func:`~toolgym.training.policies.learner_model`) and, after each optimizer
-step, pushes it into the engine in place (:class:`~toolgym.training.weight_sync.VLLMWeightSync`: pause, reload, relabel, resume; from
-the learner's worker thread, never the engine's event loop); the engine's ``load_weights`` is what
+step, pushes it into the engine in place (:class:`~toolgym.training.weight_sync.VLLMWeightSync`:
+pause, reload, relabel, resume; from the learner's worker thread, never the engine's event loop); the engine's ``load_weights`` is what
 bumps ``policy_version``. A completion that spans a reload reports the oldest weight version it used,
 so the staleness of a group is never understated. Policies whose sampled token ids or logprobs are
 not exact (``token_exact = False``, e.g. :class:`~toolgym.agents.http_policy.HTTPPolicy`) are refused:
