@@ -11,19 +11,18 @@ set -euo pipefail
 out=${1:-runs/gpu-smoke}
 shift || true
 python - <<'PY'
-import importlib.util, sys
+import sys
 import torch
 if not torch.cuda.is_available():
     sys.exit("gpu_smoke: torch sees no CUDA device; this check is for a GPU machine")
 print("gpu:", torch.cuda.get_device_name(0), "| torch", torch.__version__)
-if importlib.util.find_spec("vllm") is None:
-    print("gpu_smoke: vllm is not installed (pip install 'toolgym[vllm]'): checking the transformers path")
 PY
 start=$(date +%s)
 if python -c "import vllm" 2>/dev/null; then
   engine=vllm
   toolgym train --config gpu --out "$out" train.steps=6 train.checkpoint_every=3 heldout.n=0 "$@"
 else
+  echo "gpu_smoke: vllm is not installed (pip install 'toolgym[vllm]'): checking the transformers path"
   engine=hf
   toolgym train --config demo --out "$out" policy.learner_device=cuda heldout.engine=hf "$@"
 fi
