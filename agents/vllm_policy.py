@@ -73,6 +73,8 @@ logger = logging.getLogger(__name__)
 _DTYPES = ("float32", "bfloat16", "float16")
 _EXTENSION = f"{__name__}.WeightLoaderExtension"
 _GiB = 1 << 30
+# the smallest block the CPU attention backend accepts (a multiple of 32)
+_CPU_BLOCK_SIZE = 32
 #: How often a request waiting for output checks that the engine is still alive (seconds).
 _ALIVE_CHECK_S = 1.0
 
@@ -226,7 +228,11 @@ class VLLMPolicy(ChatPolicy):
         gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only).
         enforce_eager: skip torch.compile / CUDA graphs. ``None``: eager on CPU (compilation costs
             minutes there and buys nothing for a small model), compiled on GPU.
-        engine_kwargs: any further ``vllm.AsyncEngineArgs`` fields (e.g. ``tensor_parallel_size``).
+        engine_kwargs: any further ``vllm.AsyncEngineArgs`` fields (e.g. ``tensor_parallel_size``). On
+            CPU ``block_size`` defaults to 32 (vLLM's CPU default is 128): prefix caching reuses whole
+            blocks only, so smaller blocks reuse more of each turn's context; same greedy tokens, 1.11x the
+            episodes/min on held-out shapes (``python bench/eval.py --policies vllm-all-cores,vllm-block128
+            --n 24 --concurrency 48 --max-turns 2 --max-tokens 48``: 34.2 vs 30.7 on 2 cores).
         cpu_reserved: CPU only: cores kept from vLLM for the caller (``None``: vLLM's choice; ``0``: all
             serve, 1.66x the eval episodes/min on 2 cores); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` wins.
 
@@ -287,6 +293,8 @@ class VLLMPolicy(ChatPolicy):
         }
         if kv_cache_gib is not None:
             args["kv_cache_memory_bytes"] = int(kv_cache_gib * _GiB)
+        if self.on_cpu:
+            args["block_size"] = _CPU_BLOCK_SIZE
         args.update(engine_kwargs or {})
         self.policy_version = 0
         self._ids = itertools.count()
