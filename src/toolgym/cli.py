@@ -141,7 +141,15 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="where environments run (same as train.backend=...): in-process asyncio, or Ray actors",
     )
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. grpo.lr=1e-5")
+    p.add_argument(
+        "--help-config",
+        nargs="?",
+        const="text",
+        choices=("text", "json"),
+        default=None,
+        help="list every config field with its type, default and help (json: a JSON Schema for editors)",
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=1e-5")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves and a trajectory viewer")
@@ -280,6 +288,11 @@ def cmd_sandbox_build(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.help_config:
+        from toolgym.training.config_help import config_schema, help_text
+
+        print(json.dumps(config_schema(), indent=2) if args.help_config == "json" else help_text())
+        return 0
     from toolgym.training.trainer import train_command
 
     backend = [f"train.backend={args.backend}"] if args.backend else []
