@@ -14,7 +14,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from toolgym.cli_eval import cmd_compare, cmd_eval, import_user_modules, parse_env_args
+from toolgym.cli_eval import cmd_compare, cmd_eval, cmd_reverify, import_user_modules, parse_env_args
 from toolgym.errors import ConfigError, ToolgymError
 
 POLICY_HELP = (
@@ -155,6 +155,14 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves and a trajectory viewer")
     p.add_argument("run_dir", type=Path)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "reverify",
+        help="re-score a run's stored trajectories with today's environment and verifier (no policy)",
+    )
+    p.add_argument("run_dir", type=Path, help="a `toolgym train --out` or `toolgym eval --out` directory")
+    p.add_argument("--examples", type=int, default=5, help="changed episodes to show per source")
+    p.set_defaults(func=cmd_reverify)
 
     p = sub.add_parser("new-env", help="write a minimal environment (module + test) to start from")
     p.add_argument("name", help="environment name, e.g. Weather")

@@ -205,3 +205,71 @@ def _print_comparison(comparison: Any) -> None:
         )
     for note in comparison.notes:
         print(f"note: the runs differ in {note}")
+
+
+def cmd_reverify(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress
+    from rich.table import Table
+
+    from toolgym.agents.reverify import RESULT, reverify_run
+
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=Console(stderr=True),
+    )
+    tasks: dict[str, Any] = {}
+
+    def progress(name: str, done: int, total: int) -> None:
+        if not bar.live.is_started:
+            bar.start()
+        if name not in tasks:
+            tasks[name] = bar.add_task(f"replay {name}", total=total)
+        bar.update(tasks[name], completed=done)
+
+    try:
+        report = reverify_run(args.run_dir, progress=progress, examples=args.examples)
+    finally:
+        bar.stop()
+    table = Table(title=f"re-verification of {args.run_dir} with today's environments")
+    for col in (
+        "source",
+        "episodes",
+        "re-scored",
+        "reward changed",
+        "observations changed",
+        "infra skipped",
+        "errors",
+    ):
+        table.add_column(col, justify="left" if col == "source" else "right")
+    means = Table(title="mean reward per track: stored -> today")
+    for col in ("source", "track", "n", "stored", "today", "diff"):
+        means.add_column(col, justify="left" if col in ("source", "track") else "right")
+    for s in report.sources:
+        table.add_row(
+            s.name,
+            str(s.episodes),
+            str(s.rescored),
+            str(s.changed),
+            str(s.observation_changed),
+            str(s.skipped_infra),
+            str(len(s.errors)),
+        )
+        for harness, (n, old, new) in s.tracks.items():
+            means.add_row(s.name, harness, str(int(n)), f"{old:.4f}", f"{new:.4f}", f"{new - old:+.4f}")
+    console = Console(width=160)
+    console.print(table)
+    console.print(means)
+    for s in report.sources:
+        for e in s.examples:
+            print(
+                f"{s.name}: {e['harness']}/{e['task_id']} seed {e['seed']}: reward {e['old'][0]:.4f} ({e['old'][1]}) "
+                f"-> {e['new'][0]:.4f} ({e['new'][1]})"
+                + (f"; observation differs at {e['observation_diff']}" if e["observation_diff"] else "")
+            )
+        for error in s.errors[: args.examples]:
+            print(f"{s.name}: ERROR {error}")
+    print(f"written to {Path(args.run_dir) / RESULT}")
+    return 1 if report.errors else 0
