@@ -34,6 +34,7 @@ from typing import Any
 from toolgym.agents.rollout import write_trajectories
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
+from toolgym.manifest import MANIFEST, manifest_differences, read_run_manifest
 
 __all__ = [
     "COMPARE_FIELDS",
@@ -42,6 +43,7 @@ __all__ = [
     "EvalRun",
     "EvalSettings",
     "TrackComparison",
+    "check_resumable",
     "compare_runs",
     "load_eval_run",
     "paired_rewards",
@@ -134,6 +136,8 @@ class EvalRun:
     settings: EvalSettings
     status: str
     trajectories: Mapping[str, Sequence[Trajectory]]
+    #: ``manifest.json`` (:mod:`toolgym.manifest`); ``None`` for a run from before manifests
+    manifest: Mapping[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -264,7 +268,20 @@ def load_eval_run(path: str | Path) -> EvalRun:
     for harness in settings.harnesses:
         file = out / f"{_TRAJECTORY_PREFIX}{harness}.jsonl"
         trajectories[harness] = _read_episodes(file, repair=False) if file.exists() else []
-    return EvalRun(out, settings, str(record.get("status", "running")), trajectories)
+    return EvalRun(out, settings, str(record.get("status", "running")), trajectories, read_run_manifest(out))
+
+
+def check_resumable(out: Path, manifest: Mapping[str, Any], *, resuming: bool) -> None:
+    """Refuse to add episodes to ``out`` when its environment's data, prompts or scoring changed since."""
+    old = read_run_manifest(out) if resuming else None
+    if old is None:
+        return
+    differences = manifest_differences(old, manifest)
+    if differences:
+        raise ConfigError(
+            f"{out} holds episodes run against another environment state: {'; '.join(differences)}. Mixing "
+            "them would give one number from two tasks. Fix: --restart (run every episode again) or a new --out"
+        )
 
 
 def paired_rewards(a: Sequence[Trajectory], b: Sequence[Trajectory]) -> tuple[list[float], list[float], int]:
@@ -310,12 +327,15 @@ class Comparison:
         return json.dumps(asdict(self), indent=2)
 
 
-def compare_runs(a: EvalRun, b: EvalRun, *, seed: int = 0) -> Comparison:
+def compare_runs(a: EvalRun, b: EvalRun, *, seed: int = 0, allow: Sequence[str] = ()) -> Comparison:
     """The paired difference ``B - A`` per track (see the module docstring for the refusal rules).
 
+    ``allow`` lists manifest fields (dotted, a prefix allows what is under it) that may differ; ``manifest``
+    allows runs without a manifest, compared on their recorded settings alone.
+
     Raises:
-        ConfigError: a run is incomplete, or the runs' episodes are not the same episodes; the message
-            lists every field that differs.
+        ConfigError: a run is incomplete or has no manifest, or the runs' episodes are not the same
+            episodes (settings or manifest task fields); the message lists every field that differs.
     """
     from toolgym.agents.evaluate import paired_bootstrap
 
@@ -333,6 +353,7 @@ def compare_runs(a: EvalRun, b: EvalRun, *, seed: int = 0) -> Comparison:
             f"cannot compare {a.label} and {b.label}: their episodes differ in {'; '.join(diff)}. "
             "Fix: evaluate both with the same --env, --env-arg, --harness, --n and --seed"
         )
+    _check_manifests(a, b, allow)
     tracks = []
     for harness in a.settings.harnesses:
         ra, rb, dropped = paired_rewards(a.trajectories[harness], b.trajectories[harness])
@@ -362,3 +383,23 @@ def early_differences(
     theirs = run.settings.to_dict()
     theirs["first seed"] = theirs["seeds"][0] if theirs["seeds"] else None
     return [f"{k} ({json.dumps(theirs[k])} vs {json.dumps(v)})" for k, v in planned.items() if theirs[k] != v]
+
+
+def _check_manifests(a: EvalRun, b: EvalRun, allow: Sequence[str]) -> None:
+    if "manifest" in allow:
+        return
+    for run in (a, b):
+        if run.manifest is None:
+            raise ConfigError(
+                f"{run.label} has no {MANIFEST} (it ran before toolgym recorded run manifests), so nothing says "
+                "its data, index, prompts and verifier match the other run's. Fix: evaluate it again with "
+                "`--restart`, or pass `--allow manifest` to compare on the recorded settings alone"
+            )
+    differences = manifest_differences(a.manifest or {}, b.manifest or {}, allow=allow)
+    if differences:
+        fields = sorted({d.split(":", 1)[0] for d in differences})
+        raise ConfigError(
+            f"cannot compare {a.label} and {b.label}: what decides the task or its scoring differs: "
+            f"{'; '.join(differences)}. If that difference cannot change the numbers, say so explicitly: "
+            + " ".join(f"--allow {f}" for f in fields)
+        )

@@ -24,6 +24,7 @@ import numpy as np
 from toolgym.agents.eval_runs import (
     EvalSettings,
     append_episode,
+    check_resumable,
     paired_rewards,
     prepare_run_dir,
     write_record,
@@ -32,6 +33,7 @@ from toolgym.agents.harness import get_harness
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Policy, SamplingParams, TaskToolEnv, Trajectory
 from toolgym.errors import ConfigError, did_you_mean
+from toolgym.manifest import env_fingerprint, run_manifest, write_run_manifest
 from toolgym.registry import make
 
 __all__ = [
@@ -73,6 +75,8 @@ class EvalReport:
     settings: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: episodes by track, in task order; not in ``to_json`` (the JSONL files hold them)
     trajectories: dict[str, list[Trajectory]] = field(default_factory=dict, repr=False, compare=False)
+    #: the run manifest (:mod:`toolgym.manifest`), also written to ``out_dir/manifest.json``
+    manifest: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> str:
         data = {
@@ -161,6 +165,7 @@ async def evaluate(
     probe = _make_env(env_id, env_kwargs)
     try:
         all_ids = cast(TaskToolEnv, probe.unwrapped).task_ids()
+        fingerprint = env_fingerprint(probe, env_id, env_kwargs)
     finally:
         probe.close()
     rng = np.random.default_rng(seed)
@@ -177,8 +182,17 @@ async def evaluate(
         policy_info=dict(policy_info or {}),
         sampling=asdict(sampling),
     )
+    manifest = run_manifest(
+        env=fingerprint,
+        run={**settings.to_dict(), "concurrency": concurrency},
+        policy=dict(policy_info or {"spec": policy_label or ""}),
+        kind="eval",
+    )
     out = Path(out_dir) if out_dir is not None else None
     finished = prepare_run_dir(out, settings, restart=restart) if out is not None else {}
+    if out is not None:
+        check_resumable(out, manifest, resuming=bool(finished))
+        write_run_manifest(out, manifest)
     done_keys = {(t.harness, t.task_id, t.seed) for trajs in finished.values() for t in trajs}
     total = len(picked) * len(harness_objs)
     done = len(done_keys)
@@ -243,6 +257,7 @@ async def evaluate(
     report = EvalReport(env_id, policy_name or "policy", seed, picked, tracks, paired)
     report.trajectories.update(results)
     report.settings.update(settings.to_dict())
+    report.manifest.update(manifest)
     if out is not None:
         (out / "summary.json").write_text(report.to_json(), encoding="utf-8")
         (out / "elapsed_s.txt").write_text(f"{time.perf_counter() - started:.1f}\n", encoding="utf-8")

@@ -100,6 +100,10 @@ class PolicySpec:
             info.update(url=self.url, model=self.model)
             return info
         directory = self.model_dir()
+        if directory is None and not self.model_free:
+            from toolgym.agents.models import smollm2_path
+
+            directory = smollm2_path()  # the embedded model's safetensors cache
         if directory is not None:
             info["model_dir"] = str(directory.resolve())
             if self.source == "run":

@@ -47,10 +47,8 @@ import atexit
 import concurrent.futures
 import contextlib
 import itertools
-import json
 import logging
 import os
-import struct
 import threading
 import time
 import weakref
@@ -73,8 +71,7 @@ logger = logging.getLogger(__name__)
 _DTYPES = ("float32", "bfloat16", "float16")
 _EXTENSION = f"{__name__}.WeightLoaderExtension"
 _GiB = 1 << 30
-# the smallest block the CPU attention backend accepts (a multiple of 32)
-_CPU_BLOCK_SIZE = 32
+_CPU_BLOCK_SIZE = 32  # the smallest KV block the CPU attention backend accepts
 #: How often a request waiting for output checks that the engine is still alive (seconds).
 _ALIVE_CHECK_S = 1.0
 
@@ -97,10 +94,10 @@ def _checkpoint_names(model_dir: Path) -> set[str]:
 
 
 def _safetensors_names(path: Path) -> set[str]:
-    with path.open("rb") as fh:
-        (header_len,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(header_len))
-    return {name for name in header if name != "__metadata__"}
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:  # reads the header only
+        return set(fh.keys())
 
 
 class WeightLoaderExtension:
@@ -228,11 +225,9 @@ class VLLMPolicy(ChatPolicy):
         gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only).
         enforce_eager: skip torch.compile / CUDA graphs. ``None``: eager on CPU (compilation costs
             minutes there and buys nothing for a small model), compiled on GPU.
-        engine_kwargs: any further ``vllm.AsyncEngineArgs`` fields (e.g. ``tensor_parallel_size``). On
-            CPU ``block_size`` defaults to 32 (vLLM's CPU default is 128): prefix caching reuses whole
-            blocks only, so smaller blocks reuse more of each turn's context; same greedy tokens, 1.11x the
-            episodes/min on held-out shapes (``python bench/eval.py --policies vllm-all-cores,vllm-block128
-            --n 24 --concurrency 48 --max-turns 2 --max-tokens 48``: 34.2 vs 30.7 on 2 cores).
+        engine_kwargs: further ``vllm.AsyncEngineArgs`` fields (e.g. ``tensor_parallel_size``). On CPU
+            ``block_size`` is 32, not vLLM's 128: prefix caching reuses whole blocks, so more of each
+            turn's context is reused (same tokens, 1.11x the episodes/min: ``bench/README.md``).
         cpu_reserved: CPU only: cores kept from vLLM for the caller (``None``: vLLM's choice; ``0``: all
             serve, 1.66x the eval episodes/min on 2 cores); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` wins.
 
@@ -290,11 +285,10 @@ class VLLMPolicy(ChatPolicy):
             "logprobs_mode": "processed_logprobs",
             "worker_extension_cls": _EXTENSION,
             "gpu_memory_utilization": gpu_memory_utilization,
+            "block_size": _CPU_BLOCK_SIZE if self.on_cpu else None,
         }
         if kv_cache_gib is not None:
             args["kv_cache_memory_bytes"] = int(kv_cache_gib * _GiB)
-        if self.on_cpu:
-            args["block_size"] = _CPU_BLOCK_SIZE
         args.update(engine_kwargs or {})
         self.policy_version = 0
         self._ids = itertools.count()

@@ -198,6 +198,10 @@ class ArxivRefsEnv(ToolEnv):
         """Collection counts and citation-linking counts of this configuration."""
         return {**self.collection.counts(), **self._shared.stats, "tasks": len(self.tasks)}
 
+    def provenance(self) -> dict[str, Any]:
+        """The collection's search index and how many ids the leak rules ban (for run manifests)."""
+        return {"index": self._shared.index.provenance, "banned": sum(map(len, self._shared.banned.values()))}
+
     def _choose_task(self, options: dict[str, Any]) -> Task:
         self.selection.check_options(options)  # a task id of the other split: say so
         return super()._choose_task(options)

@@ -211,6 +211,11 @@ class CodeExecEnv(ToolEnv):
         self.verifier = HiddenTestVerifier(sandbox, call_timeout=call_timeout)
         self._session: SandboxSession | None = None
 
+    def provenance(self) -> dict[str, Any]:
+        """The data set and the sandbox image the hidden tests run in, by content id (for run manifests)."""
+        sandbox = self._sandbox if self._sandbox is not None else default_sandbox()
+        return {"dataset": self.dataset, "sandbox_image": sandbox.image_id()}
+
     def _choose_task(self, options: dict[str, Any]) -> Task:
         self.selection.check_options(options)  # a task id of the other split: say so
         return super()._choose_task(options)

@@ -300,6 +300,10 @@ class SearchQAEnv(ToolEnv):
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
         return self._tool_list
 
+    def provenance(self) -> dict[str, Any]:
+        """The search index behind the tools (for run manifests)."""
+        return {"index": self.index.provenance}
+
     def _choose_task(self, options: dict[str, Any]) -> Task:
         self.selection.check_options(options)  # a task id of the other split: say so
         return super()._choose_task(options)

@@ -180,6 +180,7 @@ class Index:
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         self._path = path
+        self._manifest = manifest
         self._backend: str = manifest["backend"]
         self._n_docs: int = manifest["n_docs"]
         try:
@@ -212,6 +213,11 @@ class Index:
     def backend(self) -> str:
         """``"default"`` or ``"pyserini"``."""
         return self._backend
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """What the results depend on: backend, ranking settings, corpus hash and size (for run manifests)."""
+        return {k: self._manifest.get(k) for k in ("backend", "key", "corpus_sha256", "settings", "n_docs")}
 
     def __len__(self) -> int:
         return self._n_docs

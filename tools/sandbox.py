@@ -157,7 +157,7 @@ class DockerSandbox:
 
         self._errors = docker.errors
         try:
-            self.client.images.get(image)
+            self._image_id: str = self.client.images.get(image).id
         except docker.errors.ImageNotFound:
             raise SandboxUnavailable(
                 f"the sandbox image {image!r} is not built. Fix: run `toolgym sandbox build` "
@@ -195,6 +195,11 @@ class DockerSandbox:
         atexit.register(self.close)
 
     # ----------------------------------------------------------------- public API
+
+    def image_id(self) -> str:
+        """The content id (``sha256:...``) of the image the sandbox was started with."""
+        return self._image_id
+
     def run(
         self, code: str, *, timeout: float, stdin: str = "", cpu_time_s: float | None = None
     ) -> ExecResult:

@@ -173,6 +173,7 @@ async def run_heldout(config: Any, run_dir: str | Path, train_task_ids: Sequence
 
     from toolgym.agents.eval_runs import compare_runs, load_eval_run
     from toolgym.agents.evaluate import evaluate
+    from toolgym.agents.specs import parse_policy_spec
     from toolgym.core import SamplingParams
 
     hc: HeldoutConfig = config.heldout
@@ -211,6 +212,7 @@ async def run_heldout(config: Any, run_dir: str | Path, train_task_ids: Sequence
                 out_dir=run_dir / "heldout" / label,
                 env_kwargs=env_kwargs,
                 policy_label=spec,
+                policy_info=parse_policy_spec(spec).describe(),
             )
             if label == "base" and engine != "vllm":
                 factories[label].close()  # two transformers models need not be held at once

@@ -45,6 +45,7 @@ import torch
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TaskToolEnv, TrainablePolicy
 from toolgym.errors import ConfigError
+from toolgym.manifest import env_fingerprint, run_manifest, write_run_manifest
 from toolgym.training.batching import LossSums, micro_batches, pack_batch, plan_step
 from toolgym.training.checkpoint import (
     capture_rng,
@@ -125,6 +126,7 @@ class Trainer:
                     f"areset, astep, max_turns, task_ids); got {type(base).__name__}"
                 )
             all_ids = list(base.task_ids())
+            self.env_fingerprint = env_fingerprint(probe, config.env.id, dict(config.env.kwargs))
         finally:
             probe.close()
         task_ids = list(config.env.task_ids) or (
@@ -202,6 +204,20 @@ class Trainer:
         """Train until ``train.steps``; returns this call's per-step metrics."""
         tc = self.config.train
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
+        cfg = self.config
+        run = {
+            "harness": cfg.env.harness,
+            "max_total_tokens": cfg.env.max_total_tokens,
+            "task_ids": self.task_ids,
+        }
+        run.update(sampling=to_dict(cfg.sampling), seed=cfg.train.seed, warm_start=to_dict(cfg.warm_start))
+        policy = {"kind": cfg.policy.kind, "model": cfg.policy.model}
+        model_dir = getattr(self.policy, "model_dir", None)
+        if model_dir is not None:
+            policy["model_dir"] = str(model_dir)
+        write_run_manifest(
+            self.run_dir, run_manifest(env=self.env_fingerprint, run=run, policy=policy, kind="train")
+        )
         make, release = env_factory(
             tc.backend, self.config.env.id, dict(self.config.env.kwargs), ray_env_actors=tc.ray_env_actors
         )

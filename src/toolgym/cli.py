@@ -91,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-total-tokens", type=int, default=8192, help="token budget of a whole episode (context)"
     )
     _add_env_options(p)
+    _add_allow_option(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser(
@@ -99,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_a", type=Path, metavar="RUN_A", help="the baseline evaluation directory")
     p.add_argument("run_b", type=Path, metavar="RUN_B", help="the evaluation compared against it")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    _add_allow_option(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser(
@@ -169,6 +171,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, default=Path("."), help="where to write the files")
     p.set_defaults(func=cmd_new_env)
     return parser
+
+
+def _add_allow_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="a manifest field that may differ between the runs (e.g. toolgym.version; a prefix allows what is "
+        "under it; 'manifest' accepts runs without one)",
+    )
 
 
 def _add_env_options(p: argparse.ArgumentParser) -> None:

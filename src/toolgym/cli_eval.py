@@ -164,15 +164,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if baseline is not None:
         from toolgym.agents.eval_runs import EvalRun, EvalSettings, compare_runs
 
-        this = EvalRun(args.out, EvalSettings.from_dict(report.settings), "complete", report.trajectories)
-        _print_comparison(compare_runs(baseline, this, seed=args.seed))
+        settings = EvalSettings.from_dict(report.settings)
+        this = EvalRun(args.out, settings, "complete", report.trajectories, report.manifest)
+        _print_comparison(compare_runs(baseline, this, seed=args.seed, allow=args.allow))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from toolgym.agents.eval_runs import compare_runs, load_eval_run
 
-    comparison = compare_runs(load_eval_run(args.run_a), load_eval_run(args.run_b))
+    comparison = compare_runs(load_eval_run(args.run_a), load_eval_run(args.run_b), allow=args.allow)
     if args.json:
         print(comparison.to_json())
     else:

@@ -60,6 +60,10 @@ async def test_tiny_training_changes_parameters_and_writes_logs(tmp_path: Path) 
     assert metrics[-1]["curriculum/stage"] == 1.0
     assert json.loads((tmp_path / "curriculum.jsonl").read_text())["tools"] == ["answer", "lookup"]
     assert (tmp_path / "checkpoint.pt").is_file()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["kind"] == "train" and manifest["env"]["id"] == config.env.id
+    assert len(manifest["env"]["data_sha256"]) == 64 and manifest["run"]["task_ids"] == trainer.task_ids
+    assert manifest["run"]["seed"] == config.train.seed and manifest["policy"]["kind"] == "tiny"
     # the first step samples with the learner's own weights: ratios are 1 and the mismatch is ~0
     assert metrics[0]["staleness/mean"] == 0.0 and metrics[0]["mismatch/kl"] < 1e-4
 
