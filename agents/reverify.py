@@ -224,8 +224,6 @@ def reverify_run(
     Raises:
         ConfigError: ``run_dir`` is not a directory or holds nothing to re-score.
     """
-    import toolgym.envs  # noqa: F401  (registers the shipped environments)
-
     run = Path(run_dir)
     if not run.is_dir():
         raise ConfigError(

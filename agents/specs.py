@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from toolgym.core import Policy
 from toolgym.errors import ConfigError, MissingDependencyError, did_you_mean
+from toolgym.registry import env_attribute
 
 __all__ = ["SPEC_HELP", "PolicyFactory", "PolicySpec", "env_attribute", "parse_policy_spec", "policy_factory"]
 
@@ -193,22 +194,6 @@ def _run_target(target: str, original: str) -> tuple[str, int | None]:
 def _bad(text: str, why: str) -> ConfigError:
     end = "" if why.endswith(("?", ".")) else "."
     return ConfigError(f"policy {text!r}: {why}{end} Policies: {SPEC_HELP}")
-
-
-def env_attribute(env_id: str, attribute: str) -> Any:
-    """An attribute of the module that defines a registered environment (e.g. its ``baseline_rule``).
-
-    Found through gymnasium's registry by name, so agents never import an environment module
-    statically.
-    """
-    import gymnasium
-
-    if ":" in env_id:  # gymnasium's "module:id" form: importing the module registers the id
-        module_name, env_id = env_id.split(":", 1)
-        importlib.import_module(module_name)
-    entry_point = gymnasium.spec(env_id).entry_point
-    module = entry_point.__module__ if not isinstance(entry_point, str) else entry_point.split(":")[0]
-    return getattr(importlib.import_module(module), attribute, None)
 
 
 @dataclass

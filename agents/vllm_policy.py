@@ -227,7 +227,7 @@ class VLLMPolicy(ChatPolicy):
             minutes there and buys nothing for a small model), compiled on GPU.
         engine_kwargs: further ``vllm.AsyncEngineArgs`` fields (e.g. ``tensor_parallel_size``). On CPU
             ``block_size`` is 32, not vLLM's 128: prefix caching reuses whole blocks, so more of each
-            turn's context is reused (same tokens, 1.11x the episodes/min: ``bench/README.md``).
+            turn's context is reused (same tokens, 1.12x the episodes/min: ``bench/README.md``).
         cpu_reserved: CPU only: cores kept from vLLM for the caller (``None``: vLLM's choice; ``0``: all
             serve, 1.66x the eval episodes/min on 2 cores); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` wins.
 

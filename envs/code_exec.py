@@ -32,6 +32,7 @@ from toolgym.core import FunctionTool, Score, Task, Tool
 from toolgym.env import ToolEnv
 
 # The verifier lived in this module first: its names stay importable from here.
+from toolgym.envs.code_audit import audit_exploits
 from toolgym.envs.code_verifier import MAX_ROUNDS, HiddenTestVerifier, default_sandbox
 from toolgym.envs.code_verifier import _mbpp_tests as _mbpp_tests  # noqa: F401
 from toolgym.envs.code_verifier import extract_code as _extract_code  # noqa: F401
@@ -41,6 +42,7 @@ from toolgym.tools.sandbox import DockerSandbox, ExecResult, SandboxSession
 
 __all__ = [
     "MAX_ROUNDS",
+    "audit_exploits",
     "CodeExecEnv",
     "HiddenTestVerifier",
     "default_sandbox",

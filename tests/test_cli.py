@@ -154,7 +154,7 @@ def test_new_env_writes_a_skeleton_whose_test_passes(tmp_path):
         timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "3 passed" in out.stdout
+    assert "4 passed" in out.stdout
     assert main(["new-env", "Weather", "--dir", str(tmp_path)]) == 2  # refuses to overwrite
 
 

@@ -14,7 +14,14 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from toolgym.cli_eval import cmd_compare, cmd_eval, cmd_reverify, import_user_modules, parse_env_args
+from toolgym.cli_eval import (
+    cmd_audit_env,
+    cmd_compare,
+    cmd_eval,
+    cmd_reverify,
+    import_user_modules,
+    parse_env_args,
+)
 from toolgym.errors import ConfigError, ToolgymError
 
 POLICY_HELP = (
@@ -165,6 +172,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, help="a `toolgym train --out` or `toolgym eval --out` directory")
     p.add_argument("--examples", type=int, default=5, help="changed episodes to show per source")
     p.set_defaults(func=cmd_reverify)
+
+    p = sub.add_parser(
+        "audit-env", help="play scripted exploits against an environment: reward to be had without the task"
+    )
+    p.add_argument("env_id", metavar="ENV_ID")
+    p.add_argument(
+        "--n", type=int, default=20, help="tasks (a seeded choice; every exploit plays the same ones)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threshold", type=float, default=0.2, help="a task counts when an exploit earns more")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    _add_env_options(p)
+    p.set_defaults(func=cmd_audit_env)
 
     p = sub.add_parser("new-env", help="write a minimal environment (module + test) to start from")
     p.add_argument("name", help="environment name, e.g. Weather")

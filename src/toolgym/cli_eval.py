@@ -274,3 +274,60 @@ def cmd_reverify(args: argparse.Namespace) -> int:
             print(f"{s.name}: ERROR {error}")
     print(f"written to {Path(args.run_dir) / RESULT}")
     return 1 if report.errors else 0
+
+
+def cmd_audit_env(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress
+    from rich.table import Table
+
+    from toolgym.audit import audit_env
+
+    import_user_modules(args.imports)
+    env_kwargs = parse_env_args(args.env_arg, args.env_id)
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=Console(stderr=True),
+    )
+    task = bar.add_task(f"audit {args.env_id}", total=None)
+
+    def progress(done: int, total: int) -> None:
+        if not bar.live.is_started:
+            bar.start()
+        bar.update(task, completed=done, total=total)
+
+    try:
+        results = audit_env(
+            args.env_id,
+            n=args.n,
+            seed=args.seed,
+            threshold=args.threshold,
+            env_kwargs=env_kwargs,
+            progress=progress,
+        )
+    finally:
+        bar.stop()
+    rows = [r.to_dict() for r in results]
+    if args.json:
+        print(json.dumps({"env_id": args.env_id, "threshold": args.threshold, "exploits": rows}, indent=2))
+    else:
+        table = Table(title=f"exploit audit of {args.env_id}: share of tasks earning > {args.threshold}")
+        for col in ("exploit", "tasks", "share", "mean reward", "max reward", "errors", "what it tries"):
+            table.add_column(col, justify="left" if col in ("exploit", "what it tries") else "right")
+        for r in rows:
+            table.add_row(
+                r["exploit"],
+                str(r["tasks"]),
+                f"{r['share']:.0%}",
+                f"{r['mean_reward']:.3f}",
+                f"{r['max_reward']:.3f}",
+                str(len(r["errors"])),
+                r["description"],
+            )
+        Console(width=160).print(table)
+        for r in rows:
+            for error in r["errors"][:3]:
+                print(f"{r['exploit']}: ERROR {error}")
+    return 1 if any(r["above"] or r["errors"] for r in rows) else 0

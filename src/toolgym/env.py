@@ -237,6 +237,11 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         return tuple(self._tools)
 
     @property
+    def episode_tool_objects(self) -> tuple[Tool, ...]:
+        """The current episode's tools (after ``reset``), in the order the prompt lists them."""
+        return tuple(self._tools.values())
+
+    @property
     def history(self) -> list[Message]:
         """The transcript of the current episode, as the environment saw it."""
         return copy.deepcopy(self._history)

@@ -20,7 +20,16 @@ import gymnasium
 from toolgym.env import RetryPolicy
 from toolgym.errors import ConfigError, did_you_mean
 
-__all__ = ["ENVIRONMENTS", "RETRY_KWARGS", "EnvEntry", "check_id", "env_ids", "make", "register_all"]
+__all__ = [
+    "ENVIRONMENTS",
+    "RETRY_KWARGS",
+    "EnvEntry",
+    "check_id",
+    "env_attribute",
+    "env_ids",
+    "make",
+    "register_all",
+]
 
 #: Keyword arguments :func:`make` takes for the environment boundary's
 #: :class:`~toolgym.env.RetryPolicy` instead of passing them to the environment's constructor.
@@ -111,3 +120,17 @@ def check_id(env_id: str) -> None:
             f"unknown environment id {name!r}.{did_you_mean(name, [*env_ids(), *gymnasium.registry])} "
             f"toolgym registers: {', '.join(env_ids())} (see `toolgym envs`)"
         ) from None
+
+
+def env_attribute(env_id: str, attribute: str) -> Any:
+    """An attribute of the module that defines a registered environment (``None`` when it has none).
+
+    Found through gymnasium's registry by name (``baseline_rule``, ``reference_rule``,
+    ``audit_exploits``), so callers never import an environment module statically.
+    """
+    if ":" in env_id:  # gymnasium's "module:id" form: importing the module registers the id
+        module_name, env_id = env_id.split(":", 1)
+        importlib.import_module(module_name)
+    entry_point = gymnasium.spec(env_id).entry_point
+    module = entry_point.__module__ if not isinstance(entry_point, str) else entry_point.split(":")[0]
+    return getattr(importlib.import_module(module), attribute, None)
