@@ -24,14 +24,17 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colours."]
 
 
 def _engine_children() -> set[int]:
-    """Child processes, minus multiprocessing's resource tracker (it lives as long as we do)."""
+    """Running child processes, minus multiprocessing's resource tracker (it lives as long as we do)."""
     import psutil
 
-    return {
-        p.pid
-        for p in psutil.Process().children(recursive=True)
-        if "resource_tracker" not in " ".join(p.cmdline())
-    }
+    alive = set()
+    for p in psutil.Process().children(recursive=True):
+        try:  # a zombie is an exited process the OS keeps until its parent reaps it: not running
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+                alive.add(p.pid)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return alive
 
 
 @pytest.fixture(scope="module")

@@ -40,14 +40,17 @@ TINY_VLLM = [
 
 
 def _children() -> set[int]:
-    """Child processes, minus multiprocessing's resource tracker (it lives as long as we do)."""
+    """Running child processes, minus multiprocessing's resource tracker (it lives as long as we do)."""
     import psutil
 
-    return {
-        p.pid
-        for p in psutil.Process().children(recursive=True)
-        if "resource_tracker" not in " ".join(p.cmdline())
-    }
+    alive = set()
+    for p in psutil.Process().children(recursive=True):
+        try:  # a zombie is an exited process the OS keeps until its parent reaps it: not running
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+                alive.add(p.pid)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return alive
 
 
 def _learner_logprobs(model, ids: list[int]) -> list[float]:
