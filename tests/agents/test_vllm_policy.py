@@ -23,27 +23,13 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 QUESTIONS = ["What is the capital of France?", "Name three primary colours."]
 
 
-def _engine_children() -> set[int]:
-    """Running child processes, minus multiprocessing's resource tracker (it lives as long as we do)."""
-    import psutil
-
-    alive = set()
-    for p in psutil.Process().children(recursive=True):
-        try:  # a zombie is an exited process the OS keeps until its parent reaps it: not running
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
-                alive.add(p.pid)
-        except (psutil.ZombieProcess, psutil.NoSuchProcess):
-            continue
-    return alive
-
-
 @pytest.fixture(scope="module")
-def policy():
+def policy(running_children):
     from toolgym.agents.vllm_policy import VLLMPolicy
 
-    before = _engine_children()
+    before = running_children()
     policy = VLLMPolicy(max_model_len=1024, seed=0)
-    started = _engine_children() - before
+    started = running_children() - before
     assert started, "the engine core should run in its own process"
     yield policy
     policy.close()
@@ -210,7 +196,7 @@ def reference_logprobs_grad(model, ids: list[int]):
 
 # NOTE: keep this test last in the module: it kills the module's engine (a second engine would cost
 # tens of seconds of start-up just to be killed).
-async def test_a_killed_engine_is_a_policy_error_and_its_episode_an_infra_error(policy):
+async def test_a_killed_engine_is_a_policy_error_and_its_episode_an_infra_error(policy, running_children):
     import signal
 
     from toolgym import FunctionTool, Score, Task, ToolEnv
@@ -228,7 +214,7 @@ async def test_a_killed_engine_is_a_policy_error_and_its_episode_an_infra_error(
             schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
             return [FunctionTool("answer", "Answer", schema, terminal=True)]
 
-    engine = _engine_children()
+    engine = running_children()
     assert engine, "the engine core should run in its own process"
     for pid in engine:
         os.kill(pid, signal.SIGKILL)

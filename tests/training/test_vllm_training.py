@@ -39,20 +39,6 @@ TINY_VLLM = [
 ]
 
 
-def _children() -> set[int]:
-    """Running child processes, minus multiprocessing's resource tracker (it lives as long as we do)."""
-    import psutil
-
-    alive = set()
-    for p in psutil.Process().children(recursive=True):
-        try:  # a zombie is an exited process the OS keeps until its parent reaps it: not running
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
-                alive.add(p.pid)
-        except (psutil.ZombieProcess, psutil.NoSuchProcess):
-            continue
-    return alive
-
-
 def _learner_logprobs(model, ids: list[int]) -> list[float]:
     import torch
 
@@ -99,16 +85,16 @@ def test_a_policy_without_exact_tokens_is_refused(tmp_path: Path) -> None:
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.skipif(SKIP_VLLM, reason="TOOLGYM_SKIP_VLLM=1 asks to skip the vLLM engine tests")
-async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path) -> None:
+async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path, running_children) -> None:
     import psutil
     import torch
 
     from toolgym.training.trainer import Trainer, build_policy
 
     config = load_config(None, [*TINY_VLLM, "train.steps=1"])
-    before = _children()
+    before = running_children()
     policy = build_policy(config)
-    started = _children() - before
+    started = running_children() - before
     assert started, "the vLLM engine core should run in its own process"
     try:
         trainer = Trainer(config, tmp_path, policy=policy)
