@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,37 @@ def parse_env_args(pairs: list[str], env_id: str | None = None) -> dict[str, Any
     return out
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+def progress_bar() -> Any:
+    """The commands' progress bar, on stderr (a ``rich.progress.Progress``, not yet started)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
+
+
+def bar_updater(bar: Any, task: Any) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` callback for ``task`` of ``bar``.
+
+    NOTE: the bar starts with the first update, after the checks, so an error stays one line.
+    """
+
+    def progress(done: int, total: int) -> None:
+        if not bar.live.is_started:
+            bar.start()
+        bar.update(task, completed=done, total=total)
+
+    return progress
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
     from rich.table import Table
 
     from toolgym.agents.eval_runs import early_differences, load_eval_run
@@ -84,21 +113,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     factory = policy_factory(
         spec, env_id=args.env, seed=args.seed, max_model_len=args.max_total_tokens, device=args.device
     )
-    bar = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-    )
-    task = bar.add_task(f"eval {args.env}", total=None)
-
-    def progress(done: int, total: int) -> None:
-        # NOTE: the bar starts with the first episode, after the checks, so an error stays one line
-        if not bar.live.is_started:
-            bar.start()
-        bar.update(task, completed=done, total=total)
+    bar = progress_bar()
+    progress = bar_updater(bar, bar.add_task(f"eval {args.env}", total=None))
 
     try:
         factory()  # load the model now: a model that cannot load is an error before any output
@@ -210,25 +226,17 @@ def _print_comparison(comparison: Any) -> None:
 
 def cmd_reverify(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress
     from rich.table import Table
 
     from toolgym.agents.reverify import RESULT, reverify_run
 
-    bar = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=Console(stderr=True),
-    )
-    tasks: dict[str, Any] = {}
+    bar = progress_bar()
+    updaters: dict[str, Callable[[int, int], None]] = {}
 
     def progress(name: str, done: int, total: int) -> None:
-        if not bar.live.is_started:
-            bar.start()
-        if name not in tasks:
-            tasks[name] = bar.add_task(f"replay {name}", total=total)
-        bar.update(tasks[name], completed=done)
+        if name not in updaters:
+            updaters[name] = bar_updater(bar, bar.add_task(f"replay {name}", total=total))
+        updaters[name](done, total)
 
     try:
         report = reverify_run(args.run_dir, progress=progress, examples=args.examples)
@@ -278,25 +286,14 @@ def cmd_reverify(args: argparse.Namespace) -> int:
 
 def cmd_audit_env(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress
     from rich.table import Table
 
     from toolgym.audit import audit_env
 
     import_user_modules(args.imports)
     env_kwargs = parse_env_args(args.env_arg, args.env_id)
-    bar = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=Console(stderr=True),
-    )
-    task = bar.add_task(f"audit {args.env_id}", total=None)
-
-    def progress(done: int, total: int) -> None:
-        if not bar.live.is_started:
-            bar.start()
-        bar.update(task, completed=done, total=total)
+    bar = progress_bar()
+    progress = bar_updater(bar, bar.add_task(f"audit {args.env_id}", total=None))
 
     try:
         results = audit_env(
