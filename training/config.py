@@ -174,6 +174,8 @@ class GRPOConfig:
         max_infra_groups: consecutive groups whose every sample is ``infra_error`` (retries included)
             after which the run stops with a message (the infrastructure is down); it resumes from its
             last checkpoint.
+        loggers: experiment trackers that also receive the metrics, config and trajectories:
+            ``tensorboard``, ``wandb`` (offline); see :mod:`toolgym.trackers`. Empty: files only.
     """
 
     steps: int = 20
@@ -200,8 +202,12 @@ class GRPOConfig:
     backend: str = "asyncio"
     ray_env_actors: int = 2
     max_infra_groups: int = 4
+    loggers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        from toolgym.trackers import parse_trackers
+
+        object.__setattr__(self, "loggers", parse_trackers(self.loggers))
         for name in (
             "steps",
             "tasks_per_step",

@@ -2,7 +2,10 @@
 
 :func:`step_metrics` computes the ``metrics.jsonl`` row of a step from its groups and the learner's
 results; :func:`write_step` appends that row, one ``trajectories.jsonl`` line per consumed sample and,
-when the curriculum moved, its event to ``curriculum.jsonl``.
+when the curriculum moved, its event to ``curriculum.jsonl``; :func:`track_step` sends the row and a
+table of the step's samples to the run's experiment trackers (:mod:`toolgym.trackers`), if any;
+:func:`write_train_manifest` writes the run's ``manifest.json`` (:mod:`toolgym.manifest`) and refuses
+to resume a run whose environment changed since it started.
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.training.config import TrainConfig
+from toolgym.errors import ConfigError
+from toolgym.manifest import manifest_differences, read_run_manifest, run_manifest, write_run_manifest
+from toolgym.trackers import Trackers, trajectory_rows
+from toolgym.training.config import TrainConfig, to_dict
 from toolgym.training.rewards import shaped_reward
 from toolgym.training.rollouts import Group
 
-__all__ = ["LOG_FILES", "step_metrics", "write_step"]
+__all__ = ["LOG_FILES", "step_metrics", "track_step", "write_step", "write_train_manifest"]
 
 LOG_FILES = ("metrics.jsonl", "trajectories.jsonl", "curriculum.jsonl")
 
@@ -108,3 +114,59 @@ def write_step(
     if curriculum_event is not None:
         with (run_dir / "curriculum.jsonl").open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({**curriculum_event, "step": step}) + "\n")
+
+
+def track_step(
+    trackers: Trackers,
+    step: int,
+    groups: Sequence[Group],
+    learn: Mapping[str, Any],
+    metrics: Mapping[str, float],
+) -> None:
+    """Send the step's metrics row and its samples (as a ``trajectories`` table) to ``trackers``."""
+    if not trackers:
+        return
+    trackers.log_metrics(step, metrics)
+    trajs, extra = [], []
+    for group, advs in zip(groups, learn["advantages"], strict=True):
+        for i, (t, a) in enumerate(zip(group.trajectories, advs, strict=True)):
+            trajs.append(t)
+            extra.append({"step": step, "group": group.index, "sample": i, "advantage": a})
+    columns, rows = trajectory_rows(trajs, extra)
+    trackers.log_table("trajectories", step, columns, rows)
+
+
+def write_train_manifest(
+    run_dir: Path,
+    config: TrainConfig,
+    env_fingerprint: Mapping[str, Any],
+    task_ids: Sequence[str],
+    *,
+    model_dir: str | Path | None,
+    resuming: bool,
+) -> Path:
+    """Write the run's manifest; a resumed run must pose the same environment as the run it continues.
+
+    Raises:
+        ConfigError: ``resuming`` and the stored manifest's environment fields (data and index hashes,
+            prompts and tool schemas, scoring) differ from today's: the checkpoint was trained on
+            other tasks, and one run would mix two experiments.
+    """
+    run = {"harness": config.env.harness, "max_total_tokens": config.env.max_total_tokens}
+    run.update(task_ids=list(task_ids), sampling=to_dict(config.sampling), seed=config.train.seed)
+    run["warm_start"] = to_dict(config.warm_start)
+    policy = {"kind": config.policy.kind, "model": config.policy.model}
+    if model_dir is not None:
+        policy["model_dir"] = str(model_dir)
+    manifest = run_manifest(env=env_fingerprint, run=run, policy=policy, kind="train")
+    old = read_run_manifest(run_dir) if resuming else None
+    if old is not None:
+        # a toolgym upgrade alone does not stop a resume; what the environment poses and scores does
+        differences = manifest_differences(old, manifest, allow=("format", "toolgym"))
+        if differences:
+            raise ConfigError(
+                f"{run_dir} was trained against another environment state: {'; '.join(differences)}. "
+                "Resuming would train one run on two sets of tasks. Fix: train into a new --out (or "
+                "restore the environment's data and index as they were)"
+            )
+    return write_run_manifest(run_dir, manifest)

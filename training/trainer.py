@@ -45,7 +45,8 @@ import torch
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TaskToolEnv, TrainablePolicy
 from toolgym.errors import ConfigError
-from toolgym.manifest import env_fingerprint, run_manifest, write_run_manifest
+from toolgym.manifest import env_fingerprint
+from toolgym.trackers import Trackers
 from toolgym.training.batching import LossSums, micro_batches, pack_batch, plan_step
 from toolgym.training.checkpoint import (
     capture_rng,
@@ -54,7 +55,7 @@ from toolgym.training.checkpoint import (
     save_checkpoint,
     truncate_to,
 )
-from toolgym.training.config import TrainConfig, load_config, to_dict
+from toolgym.training.config import TrainConfig, to_dict
 from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.export import export_checkpoint
 from toolgym.training.loss import check_token_receipt, clipped_pg_loss, mismatch_kl
@@ -62,9 +63,9 @@ from toolgym.training.policies import Closable, build_policy, learner_model, req
 from toolgym.training.prefix import SequenceScorer
 from toolgym.training.rewards import shaped_reward
 from toolgym.training.rollouts import Group, GroupSampler, InfraGuard, RolloutWorkers, env_factory, make_env
-from toolgym.training.step_log import LOG_FILES, step_metrics, write_step
+from toolgym.training.step_log import LOG_FILES, step_metrics, track_step, write_step, write_train_manifest
 
-__all__ = ["Trainer", "build_policy", "shaped_reward", "train_command"]  # shaped_reward: re-exported
+__all__ = ["Trainer", "build_policy", "shaped_reward"]  # shaped_reward: re-exported
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,14 @@ class Trainer:
     """Owns the policy, optimizer, curriculum and run directory; :meth:`run` is the whole loop."""
 
     def __init__(
-        self, config: TrainConfig, run_dir: str | Path, policy: TrainablePolicy | ServedPolicy | None = None
+        self,
+        config: TrainConfig,
+        run_dir: str | Path,
+        policy: TrainablePolicy | ServedPolicy | None = None,
+        trackers: Trackers | None = None,
     ) -> None:
         self.config = config
+        self.trackers = trackers if trackers is not None else Trackers()  # the caller closes them
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.train.seed)
@@ -204,19 +210,13 @@ class Trainer:
         """Train until ``train.steps``; returns this call's per-step metrics."""
         tc = self.config.train
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
-        cfg = self.config
-        run = {
-            "harness": cfg.env.harness,
-            "max_total_tokens": cfg.env.max_total_tokens,
-            "task_ids": self.task_ids,
-        }
-        run.update(sampling=to_dict(cfg.sampling), seed=cfg.train.seed, warm_start=to_dict(cfg.warm_start))
-        policy = {"kind": cfg.policy.kind, "model": cfg.policy.model}
-        model_dir = getattr(self.policy, "model_dir", None)
-        if model_dir is not None:
-            policy["model_dir"] = str(model_dir)
-        write_run_manifest(
-            self.run_dir, run_manifest(env=self.env_fingerprint, run=run, policy=policy, kind="train")
+        write_train_manifest(
+            self.run_dir,
+            self.config,
+            self.env_fingerprint,
+            self.task_ids,
+            model_dir=getattr(self.policy, "model_dir", None),
+            resuming=self.step > 0 or self.warm_started,
         )
         make, release = env_factory(
             tc.backend, self.config.env.id, dict(self.config.env.kwargs), ray_env_actors=tc.ray_env_actors
@@ -274,6 +274,7 @@ class Trainer:
                     )
                     event = self.curriculum.events[-1] if unlocked else None
                     write_step(self.run_dir, self.step, groups, learn, metrics, event)
+                    track_step(self.trackers, self.step, groups, learn, metrics)
                     self.last_metrics = metrics
                     history.append(metrics)
                     if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 or self.step == tc.steps:
@@ -457,28 +458,3 @@ class Trainer:
             "tokens": total,
             "sync": sync,
         }
-
-
-def train_command(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path) -> Path:
-    """``toolgym train --config FILE|NAME [key=value ...] --out DIR``; resumes if DIR holds a checkpoint."""
-    config = load_config(config_path, overrides)
-    trainer = Trainer(config, out_dir)
-    try:
-        trainer.resume()
-        asyncio.run(trainer.run())
-        train_ids = list(trainer.task_ids)  # the warm start samples these too
-    finally:
-        trainer.close()  # frees the learner before the held-out evaluation loads its policies
-    if config.heldout.n:
-        from toolgym.training.heldout import heldout_table, run_heldout
-
-        summary = asyncio.run(run_heldout(config, out_dir, train_ids))
-        print(heldout_table(summary))
-    return Path(out_dir)
-
-
-def report_command(run_dir: str | Path) -> Path:
-    """``toolgym report RUN_DIR``: writes ``RUN_DIR/report.html`` and returns its path."""
-    from toolgym.training.report import write_report
-
-    return write_report(run_dir)

@@ -97,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-total-tokens", type=int, default=8192, help="token budget of a whole episode (context)"
     )
+    _add_logger_option(p)
     _add_env_options(p)
     _add_allow_option(p)
     p.set_defaults(func=cmd_eval)
@@ -158,6 +159,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="list every config field with its type, default and help (json: a JSON Schema for editors)",
     )
+    _add_logger_option(p)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=1e-5")
     p.set_defaults(func=cmd_train)
 
@@ -191,6 +193,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, default=Path("."), help="where to write the files")
     p.set_defaults(func=cmd_new_env)
     return parser
+
+
+def _add_logger_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--logger",
+        default=None,
+        metavar="NAMES",
+        help="also send metrics, config and trajectories to experiment trackers: tensorboard, wandb "
+        "(offline), comma-separated; the run directory's files and report need none",
+    )
 
 
 def _add_allow_option(p: argparse.ArgumentParser) -> None:
@@ -334,16 +346,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         print(json.dumps(config_schema(), indent=2) if args.help_config == "json" else help_text())
         return 0
-    from toolgym.training.trainer import train_command
+    from toolgym.training.commands import train_command
 
     backend = [f"train.backend={args.backend}"] if args.backend else []
+    if args.logger is not None:
+        from toolgym.trackers import parse_trackers
+
+        backend.append(f"train.loggers={json.dumps(list(parse_trackers(args.logger)))}")
     run_dir = train_command(args.config, [*args.overrides, *backend], args.out)
     print(f"run written to {run_dir}; next: toolgym report {run_dir}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from toolgym.training.trainer import report_command
+    from toolgym.training.commands import report_command
 
     print(f"report: {report_command(args.run_dir)}")
     return 0

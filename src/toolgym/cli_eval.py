@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise ConfigError(f"n must be >= 1, got {args.n}")
     spec = parse_policy_spec(args.policy, model=args.model)
+    loggers = _check_loggers(args)
     baseline = load_eval_run(args.baseline) if args.baseline is not None else None  # fail before the work
     if baseline is not None:
         differences = early_differences(baseline, args.env, env_kwargs, harnesses, args.seed)
@@ -177,6 +178,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     if args.out is not None:
         print(f"eval.json and trajectories written to {args.out}; compare: toolgym compare RUN_A {args.out}")
+    if loggers:
+        track_eval(loggers, args.out, report)
     if baseline is not None:
         from toolgym.agents.eval_runs import EvalRun, EvalSettings, compare_runs
 
@@ -184,6 +187,40 @@ def cmd_eval(args: argparse.Namespace) -> int:
         this = EvalRun(args.out, settings, "complete", report.trajectories, report.manifest)
         _print_comparison(compare_runs(baseline, this, seed=args.seed, allow=args.allow))
     return 0
+
+
+def _check_loggers(args: argparse.Namespace) -> tuple[str, ...]:
+    from toolgym.trackers import check_trackers, parse_trackers
+
+    loggers = parse_trackers(args.logger or "")
+    if loggers and args.out is None:
+        raise ConfigError("--logger writes into the run directory: give --out DIR as well")
+    check_trackers(loggers)  # a missing package is an error before the evaluation, not after it
+    return loggers
+
+
+def track_eval(loggers: Sequence[str], out: Path, report: Any) -> None:
+    """Send an evaluation's settings, per-track summary, paired differences and episodes to trackers."""
+    from toolgym.trackers import open_trackers, trajectory_rows
+
+    config = {"eval": report.settings, "manifest": report.manifest}
+    trackers = open_trackers(loggers, out, config=config, kind="eval")
+    try:
+        metrics: dict[str, float] = {}
+        for t in report.tracks:
+            metrics.update({f"{t.harness}/success": t.success, f"{t.harness}/reward": t.reward})
+            metrics.update({f"{t.harness}/{k}": v for k, v in t.metrics.items()})
+            metrics.update({f"{t.harness}/tool_calls": t.tool_calls, f"{t.harness}/tokens": t.tokens})
+            metrics[f"{t.harness}/infra_errors"] = float(t.infra_errors)
+        base = report.tracks[0].harness
+        for name, (diff, low, high) in report.paired.items():
+            key = f"paired/{name}-{base}"
+            metrics.update({f"{key}/diff": diff, f"{key}/low": low, f"{key}/high": high})
+        trackers.log_metrics(0, metrics)
+        episodes = [t for track in report.trajectories.values() for t in track]
+        trackers.log_table("trajectories", 0, *trajectory_rows(episodes))
+    finally:
+        trackers.close()
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

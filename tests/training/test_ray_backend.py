@@ -56,11 +56,11 @@ def test_backend_is_a_config_field_with_did_you_mean() -> None:
 
 
 def test_cli_backend_flag_is_the_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import toolgym.training.trainer as trainer
+    import toolgym.training.commands as commands
 
     seen: list[list[str]] = []
     monkeypatch.setattr(
-        trainer, "train_command", lambda config, overrides, out: seen.append(overrides) or out
+        commands, "train_command", lambda config, overrides, out: seen.append(overrides) or out
     )
     assert main(["train", "--out", str(tmp_path), "--backend", "ray", "train.steps=1"]) == 0
     assert seen == [["train.steps=1", "train.backend=ray"]]

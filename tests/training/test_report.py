@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from toolgym.training.commands import report_command
 from toolgym.training.config import load_config
 from toolgym.training.report import mask_runs
-from toolgym.training.trainer import Trainer, report_command
+from toolgym.training.trainer import Trainer
 
 
 def test_mask_runs() -> None:

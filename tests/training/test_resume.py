@@ -32,7 +32,7 @@ OVERRIDES = [
     "curriculum.min_attempts=1",
     "curriculum.success_threshold=0.99",
 ]
-SCRIPT = "import sys; from toolgym.training.trainer import train_command; train_command(None, sys.argv[2:], sys.argv[1])"
+SCRIPT = "import sys; from toolgym.training.commands import train_command; train_command(None, sys.argv[2:], sys.argv[1])"
 
 
 def start(run_dir: Path) -> subprocess.Popen:

@@ -1,0 +1,77 @@
+"""The ``toolgym train`` and ``toolgym report`` commands: a whole run, from config to held-out table.
+
+:func:`train_command` loads the config, opens the run's experiment trackers (``train.loggers``,
+:mod:`toolgym.trackers`), resumes from the run directory's checkpoint if it has one, trains, and runs
+the held-out evaluation (``[heldout]``); the trackers receive every step and the held-out table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from toolgym.trackers import Trackers, check_trackers, open_trackers
+from toolgym.training.config import load_config, to_dict
+from toolgym.training.trainer import Trainer
+
+__all__ = ["heldout_metrics", "report_command", "train_command"]
+
+
+def train_command(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path) -> Path:
+    """``toolgym train --config FILE|NAME [key=value ...] --out DIR``; resumes if DIR holds a checkpoint."""
+    config = load_config(config_path, overrides)
+    check_trackers(config.train.loggers)  # a missing package stops the run before any work
+    trackers = Trackers()
+    try:
+        trainer = Trainer(config, out_dir)  # a wrong env or policy stops it before a tracker run exists
+        try:
+            trainer.trackers = trackers = open_trackers(
+                config.train.loggers, out_dir, config=to_dict(config), kind="train"
+            )
+            trainer.resume()
+            asyncio.run(trainer.run())
+            train_ids = list(trainer.task_ids)  # the warm start samples these too
+            step = trainer.step
+        finally:
+            trainer.close()  # frees the learner before the held-out evaluation loads its policies
+        if config.heldout.n:
+            from toolgym.training.heldout import heldout_table, run_heldout
+
+            summary = asyncio.run(run_heldout(config, out_dir, train_ids))
+            print(heldout_table(summary))
+            _track_heldout(trackers, step, summary)
+    finally:
+        trackers.close()
+    return Path(out_dir)
+
+
+def heldout_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The held-out ``summary.json`` as flat metrics: ``heldout/<track>/{base,trained,diff,...}``."""
+    out: dict[str, float] = {}
+    for row in summary["tracks"]:
+        prefix = f"heldout/{row['harness']}"
+        for key in ("base", "trained", "diff", "base_em", "trained_em"):
+            out[f"{prefix}/{key}"] = float(row[key])
+        out[f"{prefix}/ci_low"], out[f"{prefix}/ci_high"] = (float(v) for v in row["ci"])
+    return out
+
+
+def _track_heldout(trackers: Trackers, step: int, summary: Mapping[str, Any]) -> None:
+    if not trackers:
+        return
+    trackers.log_metrics(step, heldout_metrics(summary))
+    columns = ["track", "n", "base", "trained", "diff", "ci_low", "ci_high", "base_em", "trained_em"]
+    rows = [
+        [r["harness"], r["n"], r["base"], r["trained"], r["diff"], *r["ci"], r["base_em"], r["trained_em"]]
+        for r in summary["tracks"]
+    ]
+    trackers.log_table("heldout", step, columns, rows)
+
+
+def report_command(run_dir: str | Path) -> Path:
+    """``toolgym report RUN_DIR``: writes ``RUN_DIR/report.html`` and returns its path."""
+    from toolgym.training.report import write_report
+
+    return write_report(run_dir)
