@@ -34,6 +34,7 @@ from typing import Any
 
 from toolgym.core import FunctionTool, Task, Tool
 from toolgym.env import ToolEnv
+from toolgym.envs.arxiv_audit import audit_exploits
 from toolgym.envs.arxiv_baseline import MAX_QUERY_WORDS as MAX_QUERY_WORDS
 from toolgym.envs.arxiv_baseline import (
     BaselineResult,
@@ -64,6 +65,7 @@ from toolgym.tools.paper_corpus import default_corpus_path, load_papers
 
 __all__ = [
     "DEFAULT_FALLBACK",
+    "audit_exploits",
     "DEFAULT_SECTIONS",
     "ArxivRefsEnv",
     "BM25BaselineRule",

@@ -93,7 +93,8 @@ def test_an_environment_that_crashes_is_reported_per_exploit_and_the_audit_finis
 )
 def test_the_shipped_environments_pay_nothing_to_the_exploits(env_id, env_kwargs, accepted, capsys) -> None:
     results = audit_env(env_id, n=10, env_kwargs=env_kwargs)
-    assert {r.exploit for r in results} == GENERIC
+    own = {"whole-collection", "most-cited"} if "Arxiv" in env_id else set()
+    assert {r.exploit for r in results} == GENERIC | own
     for r in results:
         assert not r.errors, (r.exploit, r.errors)
         if r.exploit in accepted:
@@ -108,3 +109,13 @@ def test_code_submissions_that_try_to_fool_the_hidden_tests_earn_nothing() -> No
     assert {"always-equal", "exit-at-import", "exit-zero-on-failure", "trusted-files"} <= set(results)
     for r in results.values():
         assert r.above == 0 and max(r.rewards) == 0.0 and not r.errors, r.to_dict()
+
+
+def test_arxiv_collection_exploits_submit_what_they_claim() -> None:
+    from toolgym.envs.arxiv_audit import audit_exploits
+
+    results = {r.exploit: r for r in audit_env("toolgym/ArxivRefs-v0", n=5, exploits=audit_exploits())}
+    whole = results["whole-collection"]
+    # every gold id is in the submission (recall 1), so each task earns a small but nonzero F1
+    assert not whole.errors and whole.above == 0 and min(whole.rewards) > 0.0
+    assert not results["most-cited"].errors and results["most-cited"].above == 0

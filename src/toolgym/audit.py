@@ -65,6 +65,9 @@ class Episode:
     messages: list[Message]
     tools: tuple[Tool, ...]
     seen: list[str] = field(default_factory=list)
+    #: the unwrapped environment, for an environment module's own exploits that need its data (the
+    #: generic library never looks: it plays only what a policy sees)
+    env: Any = None
 
     @property
     def prompt(self) -> str:
@@ -217,7 +220,7 @@ def _play(env: Any, exploit: Exploit, task_id: str, seed: int) -> float:
     """One episode of ``exploit``; the reward it earned (after the terminal step too, for after-terminal)."""
     obs, _ = env.reset(seed=seed, options={"task_id": task_id})
     base = env.unwrapped
-    ep = Episode(list(obs), tuple(base.episode_tool_objects))
+    ep = Episode(list(obs), tuple(base.episode_tool_objects), env=base)
     total, terminated, truncated = 0.0, False, False
     for action in exploit.play(ep):
         if terminated or truncated:
