@@ -303,11 +303,18 @@ def check_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
 
     from gymnasium.envs.registration import load_env_creator
 
-    from toolgym.registry import check_id
+    from toolgym.registry import check_id, is_remote_id
 
     check_id(env_id)  # an unknown id says "did you mean"; a module:id imports its module
-    spec = gymnasium.spec(env_id.rpartition(":")[2])
-    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    if is_remote_id(env_id):  # a served environment: its arguments are the client's (token, timeout)
+        from toolgym.remote import RemoteEnv
+
+        creator: Any = RemoteEnv
+    else:
+        spec = gymnasium.spec(env_id.rpartition(":")[2])
+        creator = (
+            load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+        )
     if creator is None:
         return  # no creator to inspect: gymnasium.make reports it
     try:

@@ -63,6 +63,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/sandbox.py",
         "bench/sandbox_load.py",
         "bench/search.py",
+        "bench/serve.py",
         "bench/gpu_smoke.sh",
         "src/toolgym/cli.py",
         "envs/code_exec.py",
@@ -138,6 +139,15 @@ def test_bench_learner(tmp_path):
 def test_bench_search():
     out = run("bench/search.py", "--smoke", "--rounds", "1", "--threads", "1")
     assert "MRR@10" in out and "throughput ratio default / pyserini:" in out
+
+
+@pytest.mark.docker
+def test_bench_serve():
+    need_docker()
+    out = run("bench/serve.py", "--steps", "2", "--code-steps", "1", "--episodes", "4")
+    assert "SearchQA search" in out and "CodeExec python" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["8"], ["64"])]
+    assert [r[0] for r in rows] == ["1", "8", "64"] and all(r[2] == "0" for r in rows)  # no errors
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 from importlib import resources
@@ -124,6 +125,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task-id", default=None)
     _add_env_options(p)
     p.set_defaults(func=cmd_play)
+
+    p = sub.add_parser(
+        "serve", help="serve an environment over HTTP, one session per episode (client: make('http://...'))"
+    )
+    p.add_argument("env", help="environment id")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs --token)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument(
+        "--max-sessions", type=int, default=64, help="open episodes at once; more are refused (503)"
+    )
+    p.add_argument(
+        "--session-timeout", type=float, default=600.0, help="seconds idle before a session is closed"
+    )
+    p.add_argument(
+        "--token", default=None, help="bearer token every request must carry (default: $TOOLGYM_SERVE_TOKEN)"
+    )
+    _add_env_options(p)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("index", help="search indexes")
     isub = p.add_subparsers(title="index commands")
@@ -253,6 +272,22 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     path = export_from_checkpoint(args.run_dir, keep=args.keep)
     print(f"export written to {path}; evaluate it: toolgym eval --policy run:{args.run_dir} ...")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from toolgym.serve import serve_command
+
+    import_user_modules(args.imports)
+    serve_command(
+        args.env,
+        parse_env_args(args.env_arg, args.env),
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        session_timeout=args.session_timeout,
+        token=args.token or os.environ.get("TOOLGYM_SERVE_TOKEN") or None,
+    )
     return 0
 
 

@@ -7,6 +7,8 @@ environment bumps its version.
 :func:`make` is the one way toolgym builds an environment from an id (the CLI, evaluation and the
 trainer all come here): an unknown id is a :class:`~toolgym.errors.ConfigError` with "did you mean",
 and the environment boundary's retry settings may ride along with the environment's own arguments.
+An ``http(s)://host:port`` id names an environment served by ``toolgym serve``
+(:class:`toolgym.remote.RemoteEnv`): every caller of :func:`make` accepts one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ import gymnasium
 from toolgym.env import RetryPolicy
 from toolgym.errors import ConfigError, did_you_mean
 
+
+def is_remote_id(env_id: str) -> bool:
+    """Whether an environment id names a ``toolgym serve`` server (an ``http(s)://`` URL)."""
+    return env_id.startswith(("http://", "https://"))
+
+
 __all__ = [
     "ENVIRONMENTS",
     "RETRY_KWARGS",
@@ -27,6 +35,7 @@ __all__ = [
     "check_id",
     "env_attribute",
     "env_ids",
+    "is_remote_id",
     "make",
     "register_all",
 ]
@@ -86,6 +95,10 @@ def make(env_id: str, **kwargs: Any) -> gymnasium.Env:
         ConfigError: an unknown id (with "did you mean"), or retry settings for an environment that
             is not a :class:`~toolgym.env.ToolEnv`.
     """
+    if is_remote_id(env_id):  # a `toolgym serve` server
+        from toolgym.remote import RemoteEnv
+
+        return RemoteEnv(env_id, **kwargs)
     check_id(env_id)
     retry = {key.removeprefix("infra_"): kwargs.pop(key) for key in RETRY_KWARGS if key in kwargs}
     env = gymnasium.make(env_id, **kwargs)
@@ -103,6 +116,8 @@ def check_id(env_id: str) -> None:
     In gymnasium's ``module:id`` form the module is imported first (it registers the id), as
     ``gymnasium.make`` does.
     """
+    if is_remote_id(env_id):
+        return  # a served environment: the server checks its own id when it starts
     register_all()
     module, sep, name = env_id.rpartition(":")
     if sep:
@@ -126,8 +141,11 @@ def env_attribute(env_id: str, attribute: str) -> Any:
     """An attribute of the module that defines a registered environment (``None`` when it has none).
 
     Found through gymnasium's registry by name (``baseline_rule``, ``reference_rule``,
-    ``audit_exploits``), so callers never import an environment module statically.
+    ``audit_exploits``), so callers never import an environment module statically. A served
+    environment (an ``http(s)://`` id) has none here: its module lives on the server.
     """
+    if is_remote_id(env_id):
+        return None
     if ":" in env_id:  # gymnasium's "module:id" form: importing the module registers the id
         module_name, env_id = env_id.split(":", 1)
         importlib.import_module(module_name)
