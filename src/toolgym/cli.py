@@ -144,6 +144,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_env_options(p)
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser("mcp", help="serve an environment's tools as an MCP server over stdio")
+    p.add_argument("env", help="environment id")
+    p.add_argument("--task-id", default=None, help="the episode's task (default: the first)")
+    p.add_argument("--seed", type=int, default=0)
+    _add_env_options(p)
+    p.set_defaults(func=cmd_mcp)
+
     p = sub.add_parser("index", help="search indexes")
     isub = p.add_subparsers(title="index commands")
     b = isub.add_parser("build", help="build (or reuse) a cached search index from a JSONL corpus")
@@ -288,6 +295,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         session_timeout=args.session_timeout,
         token=args.token or os.environ.get("TOOLGYM_SERVE_TOKEN") or None,
     )
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from toolgym.mcp_serve import mcp_command
+    from toolgym.registry import check_id
+
+    import_user_modules(args.imports)
+    check_id(args.env)
+    mcp_command(args.env, parse_env_args(args.env_arg, args.env), task_id=args.task_id, seed=args.seed)
     return 0
 
 
