@@ -141,6 +141,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token", default=None, help="bearer token every request must carry (default: $TOOLGYM_SERVE_TOKEN)"
     )
+    p.add_argument(
+        "--openenv",
+        action="store_true",
+        help="speak OpenEnv's protocol with OpenEnv's own server (extra toolgym[openenv]); loopback only",
+    )
     _add_env_options(p)
     p.set_defaults(func=cmd_serve)
 
@@ -294,6 +299,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         session_timeout=args.session_timeout,
         token=args.token or os.environ.get("TOOLGYM_SERVE_TOKEN") or None,
+        openenv=args.openenv,
     )
     return 0
 

@@ -364,8 +364,14 @@ def serve_command(
     max_sessions: int = 64,
     session_timeout: float = 600.0,
     token: str | None = None,
+    openenv: bool = False,
 ) -> None:
-    """Run the server until interrupted (``toolgym serve``)."""
+    """Run the server until interrupted (``toolgym serve``; ``openenv``: OpenEnv's protocol and server)."""
+    if openenv and not is_loopback(host):
+        raise ConfigError(
+            "--openenv serves OpenEnv's protocol, whose clients send no credentials: bind 127.0.0.1 and put "
+            "an authenticating proxy in front for other machines"
+        )
     if not is_loopback(host) and not token:
         raise ConfigError(
             f"refusing to serve {env_id} on {host}, which other machines can reach, without a bearer token: "
@@ -375,8 +381,17 @@ def serve_command(
         import uvicorn
     except ImportError as exc:
         raise MissingDependencyError("uvicorn", "serve", "toolgym serve") from exc
-    server = EnvServer(env_id, env_kwargs, max_sessions=max_sessions, session_timeout=session_timeout)
-    server.info()  # build the environment once now: a broken one fails here, not on the first client
-    app = create_app(server, token=token)
-    print(f"serving {env_id} on http://{host}:{port} (max {max_sessions} sessions)", flush=True)
+    if openenv:
+        from toolgym.interop.openenv import OpenEnvAdapter, openenv_app
+        from toolgym.registry import check_id
+
+        check_id(env_id)
+        OpenEnvAdapter(env_id, env_kwargs).close()  # a broken environment fails here, not on a client
+        app = openenv_app(env_id, env_kwargs, max_sessions=max_sessions)
+    else:
+        server = EnvServer(env_id, env_kwargs, max_sessions=max_sessions, session_timeout=session_timeout)
+        server.info()  # build the environment once now: a broken one fails here, not on the first client
+        app = create_app(server, token=token)
+    protocol = "OpenEnv protocol" if openenv else "toolgym protocol"
+    print(f"serving {env_id} on http://{host}:{port} ({protocol}, max {max_sessions} sessions)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=75)

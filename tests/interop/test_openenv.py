@@ -1,0 +1,75 @@
+"""OpenEnv: toolgym environments served by OpenEnv's own server, driven by OpenEnv's own client."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from golden import SCRIPTS, canonical, golden_path, play
+from openenv.core.generic_client import GenericEnvClient
+
+from toolgym.interop.openenv import openenv_app
+
+
+@contextmanager
+def openenv_server(env_id: str) -> Iterator[str]:
+    import uvicorn
+
+    uv = uvicorn.Server(
+        uvicorn.Config(openenv_app(env_id, max_sessions=4), host="127.0.0.1", port=0, log_level="warning")
+    )
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not uv.started:
+        assert thread.is_alive() and time.monotonic() < deadline
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=60)
+
+
+class OpenEnvClientAsGym:
+    """OpenEnv's GenericEnvClient seen through reset/step, so the golden script can drive it."""
+
+    def __init__(self, url: str) -> None:
+        self.client = GenericEnvClient(base_url=url).sync()
+        self.client.connect()
+
+    def reset(self, *, seed: int, options: dict[str, Any]) -> tuple[Any, Any]:
+        result = self.client.reset(seed=seed, **options)
+        assert result.done is False and result.reward == 0.0
+        return result.observation["messages"], result.observation["info"]
+
+    def step(self, action: str) -> tuple[Any, float, bool, bool, Any]:
+        result = self.client.step({"text": action})
+        obs = result.observation
+        assert result.done == (obs["terminated"] or obs["truncated"])
+        return obs["messages"], result.reward, obs["terminated"], obs["truncated"], obs["info"]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+IDS = [pytest.param(e, marks=[pytest.mark.docker] if "CodeExec" in e else []) for e in SCRIPTS]
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_openenv_client_replays_the_golden_trace(env_id: str) -> None:
+    with openenv_server(env_id) as url:
+        text = canonical(play(lambda: OpenEnvClientAsGym(url), env_id))
+    assert text == golden_path(env_id).read_text(encoding="utf-8")
+
+
+def test_openenv_serving_stays_on_loopback() -> None:
+    from toolgym.errors import ConfigError
+    from toolgym.serve import serve_command
+
+    with pytest.raises(ConfigError, match="OpenEnv's protocol, whose clients send no credentials"):
+        serve_command("toolgym/SearchQA-v0", {}, host="0.0.0.0", token="t", openenv=True)
