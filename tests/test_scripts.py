@@ -63,6 +63,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/sandbox.py",
         "bench/sandbox_load.py",
         "bench/search.py",
+        "bench/search_scale.py",
         "bench/serve.py",
         "bench/gpu_smoke.sh",
         "src/toolgym/cli.py",
@@ -139,6 +140,11 @@ def test_bench_learner(tmp_path):
 def test_bench_search():
     out = run("bench/search.py", "--smoke", "--rounds", "1", "--threads", "1")
     assert "MRR@10" in out and "throughput ratio default / pyserini:" in out
+
+
+def test_bench_search_scale():
+    out = run("bench/search_scale.py", "--sizes", "300,900", "--queries", "20", "--rounds", "1")
+    assert "top-10 overlap" in out and "growth exponents (300 -> 900 passages):" in out
 
 
 @pytest.mark.docker

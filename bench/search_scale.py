@@ -1,0 +1,229 @@
+"""Search at scale: the default (numpy BM25) and pyserini (Lucene) backends over up to a million passages.
+
+Usage::
+
+    python bench/search_scale.py --sizes 100000,300000,1000000 [--words 100] [--queries 1000]
+
+No corpus of a million passages ships or can be downloaded here, so passages are synthesised from the
+real text the package ships (Wikipedia lead paragraphs, XQuAD paragraphs, the unarXive papers' body
+text: ~1.5M words): passage *i* is four 25-word runs of that text taken at offsets drawn by a
+generator seeded with *i*, joined, with the title of the first run's source. The word distribution is
+real English, exact duplicate passages are practically absent, and every size is reproducible. The
+queries are the XQuAD questions.
+
+Per size and backend, each in a fresh process (so peak RSS is that backend's alone): build time and
+peak RSS of the build; index size on disk; cold start (a fresh ``python`` that imports toolgym, opens
+the index and answers one query, spawn to answer); peak RSS and q/s of a query process (k = 10, best
+of ``--rounds`` passes of ``search_batch`` over the queries with ``--threads``); and the mean top-10
+overlap of the two backends' rankings (the quality subset: the first 200 questions). The growth
+exponent of each measure is the slope of log(measure) over log(size) between the smallest and largest
+size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+DATA = resources.files("toolgym.envs") / "data"
+RUN = 25  # words per run; four runs per 100-word passage
+
+
+def source_text() -> tuple[list[str], list[str], list[int]]:
+    """Every shipped word in order, the source titles, and each word's source index."""
+    sources: list[tuple[str, str]] = []
+    xquad = json.loads((DATA / "search_qa" / "xquad.en.json").read_text(encoding="utf-8"))
+    for article in xquad["data"]:
+        sources.extend((article["title"].replace("_", " "), p["context"]) for p in article["paragraphs"])
+    with gzip.open(str(DATA / "search_qa" / "wiki_vital_summaries_en.json.gz"), "rt", encoding="utf-8") as fh:
+        sources.extend((entry["title"], entry["extract"]) for entry in json.load(fh).values())
+    with gzip.open(
+        str(DATA / "citations" / "unarxive_arXiv_src_2212_086.jsonl.gz"), "rt", encoding="utf-8"
+    ) as fh:
+        for line in fh:
+            paper = json.loads(line)
+            title = paper["metadata"].get("title") or paper["paper_id"]
+            sources.extend((title, block["text"]) for block in paper["body_text"])
+    words: list[str] = []
+    owner: list[int] = []
+    titles = []
+    for i, (title, text) in enumerate(sources):
+        titles.append(title)
+        split = text.split()
+        words.extend(split)
+        owner.extend([i] * len(split))
+    return words, titles, owner
+
+
+def passages(n: int, words_per_passage: int):  # type: ignore[no-untyped-def]
+    """The first ``n`` synthetic passages (a generator: a million never sit in memory as dicts)."""
+    words, titles, owner = source_text()
+    runs = max(1, words_per_passage // RUN)
+    limit = len(words) - RUN
+    for i in range(n):
+        starts = np.random.default_rng(i).integers(0, limit, size=runs)
+        text = " ".join(" ".join(words[s : s + RUN]) for s in starts)
+        yield {"id": f"s{i:07d}", "title": titles[owner[int(starts[0])]], "text": text}
+
+
+def queries(limit: int) -> list[str]:
+    from toolgym.envs.search_qa import default_questions
+
+    return [t.metadata["question"] for t in default_questions()][:limit]
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker_build(args: argparse.Namespace) -> dict[str, float]:
+    from toolgym.tools.index import build_index
+
+    start = time.perf_counter()
+    index = build_index(passages(args.size, args.words), backend=args.backend, path=args.dir)
+    built = time.perf_counter() - start
+    index.close()
+    size = sum(f.stat().st_size for f in Path(args.dir).rglob("*") if f.is_file())
+    return {"build_s": built, "build_rss_mb": rss_mb(), "disk_mb": size / 2**20}
+
+
+def worker_query(args: argparse.Namespace) -> dict[str, object]:
+    from toolgym.tools.index import load_index
+
+    qs = queries(args.queries)
+    index = load_index(args.dir)
+    index.search_batch(qs[:50], k=10, threads=args.threads)  # warm-up (JIT for Lucene, page cache)
+    best = 0.0
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        index.search_batch(qs, k=10, threads=args.threads)
+        best = max(best, len(qs) / (time.perf_counter() - start))
+    top = [[h.doc_id for h in hits] for hits in index.search_batch(qs[:200], k=10, threads=1)]
+    index.close()
+    return {"qps": best, "query_rss_mb": rss_mb(), "top10": top}
+
+
+COLD = """
+import sys, time
+t0 = time.perf_counter()
+from toolgym.tools.index import load_index
+hits = load_index(sys.argv[1]).search(sys.argv[2], k=10)
+assert hits, "no hits"
+"""
+
+
+def cold_start(path: Path, query: str, repeats: int = 3) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", COLD, str(path), query], check=True, capture_output=True)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def run_worker(kind: str, args: argparse.Namespace, backend: str, size: int, path: Path) -> dict[str, object]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        kind,
+        "--backend",
+        backend,
+        "--size",
+        str(size),
+        "--dir",
+        str(path),
+    ]
+    cmd += ["--words", str(args.words), "--queries", str(args.queries), "--threads", str(args.threads)]
+    cmd += ["--rounds", str(args.rounds)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def slope(sizes: list[int], values: list[float]) -> float:
+    if len(sizes) < 2 or min(values) <= 0:
+        return float("nan")
+    return math.log(values[-1] / values[0]) / math.log(sizes[-1] / sizes[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="100000,300000,1000000", help="passage counts, comma-separated")
+    parser.add_argument("--words", type=int, default=100, help="words per passage (a multiple of 25)")
+    parser.add_argument("--queries", type=int, default=1000, help="XQuAD questions used as queries")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--backends", default="default,pyserini")
+    parser.add_argument("--dir", type=Path, default=None, help="where indexes go (default: a temp dir)")
+    parser.add_argument("--worker", choices=("build", "query"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="default", help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        result = worker_build(args) if args.worker == "build" else worker_query(args)
+        print(json.dumps(result))
+        return
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    backends = args.backends.split(",")
+    root = args.dir or Path(tempfile.mkdtemp(prefix="toolgym-scale-"))
+    query = queries(1)[0]
+    rows: dict[str, dict[int, dict[str, object]]] = {b: {} for b in backends}
+    print(
+        f"synthetic passages of {args.words} words; {args.queries} XQuAD questions, k=10, {args.threads} threads"
+    )
+    print(
+        f"{'backend':9} {'passages':>9} {'build s':>8} {'build RSS':>10} {'disk MB':>8} {'cold s':>7} {'q/s':>8} {'query RSS':>10}"
+    )
+    for size in sizes:
+        for backend in backends:
+            path = root / f"{backend}-{size}"
+            row = run_worker("build", args, backend, size, path)
+            row.update(run_worker("query", args, backend, size, path))
+            row["cold_s"] = cold_start(path, query)
+            rows[backend][size] = row
+            print(
+                f"{backend:9} {size:>9,} {row['build_s']:>8.1f} {row['build_rss_mb']:>8.0f}MB {row['disk_mb']:>8.0f} "
+                f"{row['cold_s']:>7.2f} {row['qps']:>8,.0f} {row['query_rss_mb']:>8.0f}MB",
+                flush=True,
+            )
+        if len(backends) == 2:
+            a, b = (rows[x][size]["top10"] for x in backends)
+            overlap = np.mean(
+                [len(set(x) & set(y)) / max(1, min(10, len(y))) for x, y in zip(a, b, strict=True)]
+            )
+            ratio = float(rows[backends[0]][size]["qps"]) / float(rows[backends[1]][size]["qps"])
+            print(
+                f"  {size:,}: q/s ratio {backends[0]}/{backends[1]} {ratio:.2f}x; top-10 overlap {overlap:.4f}"
+            )
+    if len(sizes) > 1:
+        print(f"growth exponents ({sizes[0]:,} -> {sizes[-1]:,} passages):")
+        for backend in backends:
+            r = rows[backend]
+            parts = [
+                f"{name} {slope(sizes, [float(r[s][key]) for s in sizes]):.2f}"  # type: ignore[arg-type]
+                for name, key in (
+                    ("build", "build_s"),
+                    ("disk", "disk_mb"),
+                    ("build RSS", "build_rss_mb"),
+                    ("q/s", "qps"),
+                )
+            ]
+            print(f"  {backend:9} " + ", ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
