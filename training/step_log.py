@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
 from toolgym.manifest import manifest_differences, read_run_manifest, run_manifest, write_run_manifest
 from toolgym.trackers import Trackers, trajectory_rows
@@ -88,6 +89,15 @@ def step_metrics(
     return metrics
 
 
+def _samples(
+    step: int, groups: Sequence[Group], learn: Mapping[str, Any]
+) -> Iterator[tuple[Trajectory, dict[str, Any]]]:
+    """Each consumed sample with where it sits: step, group, sample index and advantage."""
+    for group, advs in zip(groups, learn["advantages"], strict=True):
+        for i, (t, a) in enumerate(zip(group.trajectories, advs, strict=True)):
+            yield t, {"step": step, "group": group.index, "sample": i, "advantage": a}
+
+
 def write_step(
     run_dir: Path,
     step: int,
@@ -98,17 +108,9 @@ def write_step(
 ) -> None:
     """Append the step's samples, its metrics row and (when the curriculum moved) its event."""
     with (run_dir / "trajectories.jsonl").open("a", encoding="utf-8") as fh:
-        for group, advs in zip(groups, learn["advantages"], strict=True):
-            for i, (t, a) in enumerate(zip(group.trajectories, advs, strict=True)):
-                record = {
-                    "step": step,
-                    "group": group.index,
-                    "sample": i,
-                    "advantage": a,
-                    "trained": id(t) in learn["trained"],
-                    "trajectory": json.loads(t.to_json()),
-                }
-                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        for t, where in _samples(step, groups, learn):
+            record = {**where, "trained": id(t) in learn["trained"], "trajectory": json.loads(t.to_json())}
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
     with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(dict(metrics)) + "\n")
     if curriculum_event is not None:
@@ -127,12 +129,8 @@ def track_step(
     if not trackers:
         return
     trackers.log_metrics(step, metrics)
-    trajs, extra = [], []
-    for group, advs in zip(groups, learn["advantages"], strict=True):
-        for i, (t, a) in enumerate(zip(group.trajectories, advs, strict=True)):
-            trajs.append(t)
-            extra.append({"step": step, "group": group.index, "sample": i, "advantage": a})
-    columns, rows = trajectory_rows(trajs, extra)
+    samples = list(_samples(step, groups, learn))
+    columns, rows = trajectory_rows([t for t, _ in samples], [where for _, where in samples])
     trackers.log_table("trajectories", step, columns, rows)
 
 
