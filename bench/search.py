@@ -43,8 +43,8 @@ def quality_corpus() -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
     return default_corpus(), questions
 
 
-def speed_corpus(window: int) -> list[dict[str, str]]:
-    """All shipped paragraphs cut into ``window``-word passages (title = source document)."""
+def shipped_paragraphs() -> list[tuple[str, str]]:
+    """Every paragraph the package ships, as (title, text): XQuAD, Wikipedia leads, unarXive body text."""
     paragraphs: list[tuple[str, str]] = []
     xquad = json.loads((DATA / "search_qa" / "xquad.en.json").read_text(encoding="utf-8"))
     for article in xquad["data"]:
@@ -58,6 +58,12 @@ def speed_corpus(window: int) -> list[dict[str, str]]:
             paper = json.loads(line)
             title = paper["metadata"].get("title") or paper["paper_id"]
             paragraphs.extend((title, block["text"]) for block in paper["body_text"])
+    return paragraphs
+
+
+def speed_corpus(window: int) -> list[dict[str, str]]:
+    """All shipped paragraphs cut into ``window``-word passages (title = source document)."""
+    paragraphs = shipped_paragraphs()
     docs = []
     for title, text in paragraphs:
         words = text.split()

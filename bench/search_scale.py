@@ -23,7 +23,6 @@ size.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import resource
@@ -31,30 +30,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from search import shipped_paragraphs  # bench/search.py (this script's folder is on sys.path)
 
-DATA = resources.files("toolgym.envs") / "data"
 RUN = 25  # words per run; four runs per 100-word passage
 
 
 def source_text() -> tuple[list[str], list[str], list[int]]:
     """Every shipped word in order, the source titles, and each word's source index."""
-    sources: list[tuple[str, str]] = []
-    xquad = json.loads((DATA / "search_qa" / "xquad.en.json").read_text(encoding="utf-8"))
-    for article in xquad["data"]:
-        sources.extend((article["title"].replace("_", " "), p["context"]) for p in article["paragraphs"])
-    with gzip.open(str(DATA / "search_qa" / "wiki_vital_summaries_en.json.gz"), "rt", encoding="utf-8") as fh:
-        sources.extend((entry["title"], entry["extract"]) for entry in json.load(fh).values())
-    with gzip.open(
-        str(DATA / "citations" / "unarxive_arXiv_src_2212_086.jsonl.gz"), "rt", encoding="utf-8"
-    ) as fh:
-        for line in fh:
-            paper = json.loads(line)
-            title = paper["metadata"].get("title") or paper["paper_id"]
-            sources.extend((title, block["text"]) for block in paper["body_text"])
+    sources = shipped_paragraphs()  # bench/search.py: the same text, read the same way
     words: list[str] = []
     owner: list[int] = []
     titles = []
