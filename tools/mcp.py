@@ -132,13 +132,22 @@ class McpToolset:
             raise
 
     # ------------------------------------------------------------------ connection
+    def _transport(self) -> Any:
+        """What ``mcp.Client`` connects through: the URL, or a fresh stdio transport (one per connection;
+        mcp 2.0's client takes no ``StdioServerParameters`` itself)."""
+        if isinstance(self.target, str):
+            return self.target
+        from mcp.client.stdio import stdio_client
+
+        return stdio_client(self.target)
+
     def _connect(self) -> None:
         ready: Future[list[Any]] = Future()
 
         async def hold() -> None:
             self._stop = asyncio.Event()
             try:
-                async with self._mcp.Client(self.target, read_timeout_seconds=self.timeout) as client:
+                async with self._mcp.Client(self._transport(), read_timeout_seconds=self.timeout) as client:
                     self._client = client
                     listed = await client.list_tools()
                     ready.set_result(list(listed.tools))

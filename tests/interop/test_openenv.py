@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,28 +9,15 @@ from typing import Any
 import pytest
 from golden import SCRIPTS, canonical, golden_path, play
 from openenv.core.generic_client import GenericEnvClient
+from servers import uvicorn_thread
 
 from toolgym.interop.openenv import openenv_app
 
 
 @contextmanager
 def openenv_server(env_id: str) -> Iterator[str]:
-    import uvicorn
-
-    uv = uvicorn.Server(
-        uvicorn.Config(openenv_app(env_id, max_sessions=4), host="127.0.0.1", port=0, log_level="warning")
-    )
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=60)
+    with uvicorn_thread(openenv_app(env_id, max_sessions=4)) as url:
+        yield url
 
 
 class OpenEnvClientAsGym:
