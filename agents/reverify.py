@@ -149,16 +149,21 @@ def _sources(run_dir: Path) -> Iterator[tuple[str, str, dict[str, Any], list[Tra
     samples = run_dir / "trajectories.jsonl"
     if samples.is_file() and (run_dir / "config.json").is_file():
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-        env = config.get("env", {})
-        episodes = []
+        envs = config.get("envs") or [config.get("env", {})]
+        by_env: dict[str, list[Trajectory]] = {}  # a mixture's records name their [[env]]
         for n, line in enumerate(samples.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                episodes.append(Trajectory.from_json(json.dumps(json.loads(line)["trajectory"])))
+                record = json.loads(line)
+                episode = Trajectory.from_json(json.dumps(record["trajectory"]))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(f"{samples}:{n} is not a training sample record ({exc})") from exc
-        yield str(samples), str(env.get("id", "")), dict(env.get("kwargs", {})), episodes
+            by_env.setdefault(record.get("env", ""), []).append(episode)
+        for env in envs:
+            name = env.get("name", "") if len(envs) > 1 else ""
+            where = f"{samples} [{name}]" if name else str(samples)
+            yield where, str(env.get("id", "")), dict(env.get("kwargs", {})), by_env.get(name, [])
 
 
 def _reverify_source(

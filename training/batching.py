@@ -71,6 +71,7 @@ class StepPlan:
 def plan_step(
     groups: Sequence[Sequence[Trajectory]],
     *,
+    scales: Sequence[float] | None = None,
     format_credit: float = 0.0,
     answer_tool: str = "answer",
     normalize_std: bool = True,
@@ -80,15 +81,18 @@ def plan_step(
 
     ``infra_error`` samples are left out of their group's statistics and of training (they were never
     scored). A group whose advantages are all 0 (equal rewards, or a single usable sample) carries no
-    policy-gradient signal; ``skip_zero_variance`` leaves it out of the loss altogether.
+    policy-gradient signal; ``skip_zero_variance`` leaves it out of the loss altogether. ``scales``
+    multiplies each group's advantages (a mixture's per-environment normalisation; 1.0 by default).
     """
     advantages: list[tuple[float, ...]] = []
     trained: list[tuple[Sample, ...]] = []
     zero_variance = 0
-    for group in groups:
+    for i, group in enumerate(groups):
         usable = [t for t in group if t.status != "infra_error"]
         rewards = [shaped_reward(t, format_credit, answer_tool) for t in usable]
         adv = group_advantages(rewards, normalize_std=normalize_std) if usable else []
+        if scales is not None and scales[i] != 1.0:
+            adv = [a * scales[i] for a in adv]
         by_id = {id(t): a for t, a in zip(usable, adv, strict=True)}
         advantages.append(tuple(by_id.get(id(t), 0.0) for t in group))
         if skip_zero_variance and all(a == 0.0 for a in adv):

@@ -1,9 +1,11 @@
 """Training configuration: one frozen dataclass per component, loaded from TOML plus dotted overrides.
 
 A config file mirrors the dataclasses (``[env]``, ``[policy]``, ``[sampling]``, ``[train]``,
-``[curriculum]``, ``[warm_start]``, ``[heldout]``); command-line overrides use dotted keys
+``[curriculum]``, ``[warm_start]``, ``[heldout]``, ``[mixture]``); command-line overrides use dotted keys
 (``train.steps=3``, ``sampling.temperature=0.8``)
 whose values are parsed as TOML literals (``[["answer"], ["answer", "search"]]``) or taken as strings.
+Several ``[[env]]`` tables train on a mixture of environments (:mod:`toolgym.training.mixture`);
+overrides address one of them by position (``env.1.weight=2``).
 A wrong key fails at start-up with a :class:`~toolgym.errors.ConfigError` that says "did you mean".
 """
 
@@ -22,10 +24,12 @@ from typing import Any
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.training.curriculum import CurriculumConfig
 from toolgym.training.heldout import HeldoutConfig
+from toolgym.training.mixture import MixtureConfig
 from toolgym.training.warm_start import WarmStartConfig
 
 __all__ = [
     "EnvConfig",
+    "MixtureConfig",
     "GRPOConfig",
     "PolicyConfig",
     "SamplingConfig",
@@ -47,6 +51,12 @@ class EnvConfig:
         task_limit: train on the first N tasks of the environment only (0 = all).
         task_ids: explicit task ids to train on (overrides ``task_limit``).
         max_total_tokens: token budget of one episode (prompt included).
+        name: the environment's label in a mixture's metrics and report (default: the id's last part,
+            ``SearchQA-v0``).
+        weight: a mixture's sampling weight (> 0): the share of groups drawn from this environment
+            is its weight over the sum, before any adaptation (``[mixture]``).
+        stages: this environment's curriculum stages in a mixture (tool names differ between
+            environments; a single ``[env]`` uses ``[curriculum].stages``).
     """
 
     id: str = "toolgym/SearchQA-v0"
@@ -55,6 +65,18 @@ class EnvConfig:
     task_limit: int = 0
     task_ids: tuple[str, ...] = ()
     max_total_tokens: int = 2048
+    name: str = ""
+    weight: float = 1.0
+    stages: tuple[tuple[str, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.id.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1])
+        if not self.weight > 0 or self.weight == float("inf"):  # NaN fails the first test too
+            raise ConfigError(
+                f"env {self.name!r}: weight must be a positive number, got {self.weight!r}. A weight of 0 "
+                "would never sample it: leave the environment out of the mixture instead"
+            )
 
 
 @dataclass(frozen=True)
@@ -245,14 +267,59 @@ class TrainConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     heldout: HeldoutConfig = field(default_factory=HeldoutConfig)
+    envs: tuple[EnvConfig, ...] = ()
+    mixture: MixtureConfig = field(default_factory=MixtureConfig)
 
     def __post_init__(self) -> None:
-        if self.policy.kind == "vllm" and self.env.max_total_tokens > self.policy.max_model_len:
+        # ``envs`` lists every environment of the run (one for a plain ``[env]``); ``env`` is the first.
+        if self.envs:
+            object.__setattr__(self, "env", self.envs[0])
+        else:
+            object.__setattr__(self, "envs", (self.env,))
+        for env in self.envs:
+            if self.policy.kind == "vllm" and env.max_total_tokens > self.policy.max_model_len:
+                raise ConfigError(
+                    f"env {env.name!r}: max_total_tokens ({env.max_total_tokens}) exceeds the vLLM engine's "
+                    f"policy.max_model_len ({self.policy.max_model_len}): raise policy.max_model_len or "
+                    "lower env.max_total_tokens"
+                )
+        if len(self.envs) > 1:
+            check_mixture(self)
+        elif self.env.stages and self.curriculum.stages:
             raise ConfigError(
-                f"env.max_total_tokens ({self.env.max_total_tokens}) exceeds the vLLM engine's "
-                f"policy.max_model_len ({self.policy.max_model_len}): raise policy.max_model_len or "
-                "lower env.max_total_tokens"
+                "curriculum stages are given twice, as env.stages and [curriculum].stages: keep one"
             )
+
+    @property
+    def is_mixture(self) -> bool:
+        return len(self.envs) > 1
+
+
+def check_mixture(config: TrainConfig) -> None:
+    """What a mixture of several ``[[env]]`` tables does not combine with, as clear errors at start."""
+    names = [env.name for env in config.envs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(
+            f"[[env]] names must differ, {', '.join(map(repr, repeated))} is used twice: give each "
+            'environment its own name = "..." (it labels the metrics and the report)'
+        )
+    if config.curriculum.stages:
+        raise ConfigError(
+            "[curriculum].stages with several [[env]] tables: tool names differ between environments, "
+            "so each [[env]] lists its own stages (stages = [[...], [...]]); [curriculum] keeps the "
+            "shared settings (window, patience, ...)"
+        )
+    if config.warm_start.enabled:
+        raise ConfigError(
+            "warm_start with several [[env]] tables is not supported: warm-start one environment in a "
+            "run of its own, then train the mixture from its export (policy.model = RUN/export/step-000000)"
+        )
+    if config.heldout.n:
+        raise ConfigError(
+            "[heldout] with several [[env]] tables is not supported: set heldout.n = 0 and evaluate each "
+            "environment on its own, e.g. toolgym eval --env ID --policy run:RUN --env-arg split=test"
+        )
 
 
 # ----------------------------------------------------------------------------- loading
@@ -270,6 +337,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.steps=3)")
         _set_dotted(data, key.strip().split("."), _parse_value(raw.strip()))
+    if isinstance(data.get("env"), list):  # [[env]] tables: a mixture
+        if "envs" in data:
+            raise ConfigError("give the environments as [[env]] tables only (not also as envs)")
+        data["envs"] = data.pop("env")
     return _build(TrainConfig, data, "")
 
 
@@ -302,12 +373,24 @@ def _parse_value(raw: str) -> Any:
 
 
 def _set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
-    node = data
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {'.'.join(keys)}: {key!r} is a value, not a section")
-    node[keys[-1]] = value
+    node: Any = data
+    for depth, key in enumerate(keys):
+        last = depth == len(keys) - 1
+        if isinstance(node, list):  # [[env]] tables: address one by position (env.1.weight=2)
+            if not key.isdigit() or int(key) >= len(node):
+                raise ConfigError(
+                    f"override {'.'.join(keys)}: {'.'.join(keys[:depth])} is a list of {len(node)} tables; "
+                    f"address one by its position, e.g. {'.'.join([*keys[:depth], '0', *keys[depth:]][: depth + 2])}"
+                )
+            key = int(key)  # type: ignore[assignment]
+        elif not isinstance(node, dict):
+            raise ConfigError(f"override {'.'.join(keys)}: {keys[depth - 1]!r} is a value, not a section")
+        if last:
+            node[key] = value
+        elif isinstance(node, dict):
+            node = node.setdefault(key, {})
+        else:
+            node = node[key]
 
 
 def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
@@ -323,8 +406,19 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
                 f"Known keys of [{prefix.rstrip('.') or 'top level'}]: {', '.join(fields)}"
             )
         hint = hints[key]
+        args = typing.get_args(hint)
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, value, f"{prefix}{key}.")
+        elif (
+            typing.get_origin(hint) is tuple
+            and args
+            and isinstance(args[0], type)
+            and dataclasses.is_dataclass(args[0])
+        ):
+            if not isinstance(value, list | tuple):
+                raise ConfigError(f"{prefix}{key} must be a list of tables, got {value!r}")
+            label = "env" if key == "envs" else key  # written as [[env]] tables
+            kwargs[key] = tuple(_build(args[0], v, f"{prefix}{label}.{i}.") for i, v in enumerate(value))
         else:
             kwargs[key] = _coerce(value, hint, prefix + key)
     return cls(**kwargs)

@@ -186,6 +186,8 @@ def config_schema() -> dict[str, Any]:
             f.section, {"type": "object", "additionalProperties": False, "properties": {}}
         )
         node["properties"][f.name] = prop
+    # several [[env]] tables (a mixture) are an array of env tables
+    sections["env"] = {"anyOf": [sections["env"], {"type": "array", "minItems": 1, "items": sections["env"]}]}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "toolgym training config",

@@ -7,8 +7,10 @@ which spans were trained (mask 1, the assistant's sampled tokens) versus context
 
 from __future__ import annotations
 
+import fnmatch
 import html
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,13 +19,16 @@ from toolgym.training.heldout import read_heldout
 
 __all__ = ["PLOTS", "mask_runs", "write_report"]
 
-#: (title, metric keys or a prefix ending in "*")
+#: (title, metric keys or glob patterns such as ``tool/*/calls``); a mixture's per-environment series
+#: (``env/NAME/...``) are drawn only at the steps that sampled that environment
 PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Reward", ("reward/mean", "reward/shaped_mean", "reward/success_rate")),
-    ("Tool calls per episode", ("tool/*",)),
+    ("Reward per environment", ("env/*/reward_mean",)),
+    ("Sampling weight per environment", ("mixture/*/weight",)),
+    ("Tool calls per episode", ("tool/*/calls",)),
     ("Response length (sampled tokens)", ("response/tokens_mean",)),
     ("Staleness (policy versions)", ("staleness/mean", "staleness/max")),
-    ("Curriculum stage", ("curriculum/stage",)),
+    ("Curriculum stage", ("curriculum/stage", "curriculum/*/stage")),
     ("Loss", ("loss/pg", "mismatch/kl")),
 )
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
@@ -51,7 +56,7 @@ def _svg_plot(
     title: str, steps: list[float], series: dict[str, list[float]], width: int = 460, height: int = 220
 ) -> str:
     left, right, top, bottom = 48, 10, 24, 28
-    values = [v for ys in series.values() for v in ys]
+    values = [v for ys in series.values() for v in ys if not math.isnan(v)]
     if not steps or not values:
         return f'<figure class="plot"><figcaption>{html.escape(title)}</figcaption><p>no data</p></figure>'
     lo, hi = min(values), max(values)
@@ -77,7 +82,9 @@ def _svg_plot(
     ]
     for i, (name, ys) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
-        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(steps, ys, strict=True))
+        points = " ".join(
+            f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(steps, ys, strict=True) if not math.isnan(y)
+        )
         parts.append(
             f'<polyline class="series" data-key="{html.escape(name)}" fill="none" stroke="{color}" stroke-width="2" points="{points}"/>'
         )
@@ -96,13 +103,16 @@ def _plots(metrics: list[dict[str, Any]]) -> str:
         names: list[str] = []
         for key in wanted:
             names += (
-                [k for k in keys if k.startswith(key[:-1]) and k.endswith("/calls")]
-                if key.endswith("*")
+                [k for k in keys if fnmatch.fnmatchcase(k, key)]
+                if "*" in key
                 else [key]
                 if key in keys
                 else []
             )
-        series = {name: [float(m.get(name, 0.0)) for m in metrics] for name in names}
+        if not names and all(key.startswith(("env/", "mixture/")) for key in wanted):
+            continue  # a mixture's plot in a one-environment run
+        gap = {name: math.nan if name.startswith("env/") else 0.0 for name in names}
+        series = {name: [float(m.get(name, gap[name])) for m in metrics] for name in names}
         out.append(_svg_plot(title, steps, series))
     return "\n".join(out)
 
@@ -186,7 +196,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         half = MAX_TRAJECTORIES // 2
         records = records[:half] + records[-half:]
     stage_rows = "".join(
-        f"<tr><td>{e.get('step', '')}</td><td>{e['from']} → {e['to']}</td><td>{html.escape(e['signal'])}</td><td>{html.escape(', '.join(e['tools']))}</td></tr>"
+        f"<tr><td>{e.get('step', '')}</td><td>{e['from']} → {e['to']}</td><td>{html.escape(e['env'] + ': ' if 'env' in e else '')}{html.escape(e['signal'])}</td><td>{html.escape(', '.join(e['tools']))}</td></tr>"
         for e in events
     )
     heldout = _heldout_html(run_dir)

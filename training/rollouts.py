@@ -31,7 +31,7 @@ from toolgym.core import Harness, Policy, SamplingParams, Trajectory
 from toolgym.errors import ConfigError, InfraDown, InfraError, did_you_mean
 from toolgym.registry import make
 
-__all__ = ["Group", "GroupSampler", "InfraGuard", "RolloutWorkers", "env_factory", "make_env"]
+__all__ = ["EnvRoute", "Group", "GroupSampler", "InfraGuard", "RolloutWorkers", "env_factory", "make_env"]
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,12 @@ def env_factory(
 
 @dataclass(frozen=True)
 class Group:
-    """``G`` samples of one task, produced together."""
+    """``G`` samples of one task, produced together (``env``: its environment's position in ``[[env]]``)."""
 
     index: int
     task_id: str
     trajectories: tuple[Trajectory, ...]
+    env: int = 0
 
     @property
     def policy_version(self) -> int:
@@ -124,6 +125,10 @@ class GroupSampler:
         self.group_size = group_size
         self.seed = seed
 
+    def route(self, index: int) -> tuple[int, str]:
+        """Group ``index``'s environment (always the one) and task id."""
+        return 0, self.task(index)
+
     def task(self, index: int) -> str:
         epoch, pos = divmod(index, len(self.task_ids))
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.task_ids))
@@ -133,40 +138,45 @@ class GroupSampler:
         return int(np.random.SeedSequence([self.seed, index, sample]).generate_state(1)[0])
 
 
+@dataclass(frozen=True)
+class EnvRoute:
+    """How the workers play one environment of the run: its factory, harness, tool sets and budget."""
+
+    make: Callable[[], gymnasium.Env]
+    harness: Harness
+    tools_for: Callable[[str], set[str] | None]
+    max_total_tokens: int
+
+
 class RolloutWorkers:
     """Async workers that turn group indices into finished groups on a bounded queue.
 
     Workers claim group indices in order; a worker may only start group ``g`` once
     ``g < consumed + (1 + max_ahead) * per_step`` (``consumed`` is the learner's next group), which
     bounds how far sampling runs ahead of learning. Each sample of a group runs concurrently, each on
-    its own environment instance from a pool.
+    its own environment instance from a pool (one pool per environment of the run).
     """
 
     def __init__(
         self,
         *,
-        make: Callable[[], gymnasium.Env],
+        envs: Sequence[EnvRoute],
         policy: Policy,
-        harness: Harness,
-        sampler: GroupSampler,
+        sampler: Any,
         sampling: SamplingParams,
-        tools_for: Callable[[str], set[str] | None],
-        max_total_tokens: int,
         workers: int,
         queue_size: int,
         per_step: int,
         max_ahead: int,
         start: int,
     ) -> None:
-        self.policy, self.harness, self.sampler, self.sampling = policy, harness, sampler, sampling
-        self.tools_for = tools_for
-        self.max_total_tokens = max_total_tokens
+        self.policy, self.sampler, self.sampling = policy, sampler, sampling  # sampler: route, episode_seed
+        self.envs = list(envs)
         self.per_step, self.max_ahead = per_step, max_ahead
         # The gate already bounds groups in flight; the queue must hold them all or workers deadlock
         # while the learner waits for an earlier group.
         self.queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=max(queue_size, (1 + max_ahead) * per_step))
-        self._make = make
-        self._envs: asyncio.Queue[gymnasium.Env] = asyncio.Queue()
+        self._pools: list[asyncio.Queue[gymnasium.Env]] = [asyncio.Queue() for _ in self.envs]
         self._all_envs: list[gymnasium.Env] = []
         self._next = start
         self._consumed = start
@@ -179,24 +189,27 @@ class RolloutWorkers:
             self._consumed = consumed
             self._gate.notify_all()
 
-    async def _env(self) -> gymnasium.Env:
-        if self._envs.empty():
-            env = self._make()
+    async def _env(self, route: int) -> gymnasium.Env:
+        if self._pools[route].empty():
+            env = self.envs[route].make()
             self._all_envs.append(env)
             return env
-        return self._envs.get_nowait()
+        return self._pools[route].get_nowait()
 
-    async def _episode(self, index: int, sample: int, task_id: str, tools: set[str] | None) -> Trajectory:
+    async def _episode(
+        self, index: int, sample: int, route: int, task_id: str, tools: set[str] | None
+    ) -> Trajectory:
         seed = self.sampler.episode_seed(index, sample)
+        where = self.envs[route]
         try:
-            env = await self._env()
+            env = await self._env(route)
         except InfraError as exc:
             log.warning("could not make an environment for group %d: %s", index, exc)
             return Trajectory(
                 env_id="",
                 task_id=task_id,
                 seed=seed,
-                harness=self.harness.name,
+                harness=where.harness.name,
                 allowed_tools=tuple(sorted(tools or ())),
                 messages=(),
                 token_ids=(),
@@ -215,14 +228,14 @@ class RolloutWorkers:
             return await run_episode(
                 env,
                 self.policy,
-                self.harness,
+                where.harness,
                 seed=seed,
                 options=options,
                 sampling=replace(self.sampling, seed=seed),
-                max_total_tokens=self.max_total_tokens,
+                max_total_tokens=where.max_total_tokens,
             )
         finally:
-            self._envs.put_nowait(env)
+            self._pools[route].put_nowait(env)
 
     async def _work(self) -> None:
         while True:
@@ -234,11 +247,12 @@ class RolloutWorkers:
                     return i < self._consumed + (1 + self.max_ahead) * self.per_step
 
                 await self._gate.wait_for(ready)
-            task_id = self.sampler.task(index)
-            tools = self.tools_for(task_id)
-            samples = [self._episode(index, i, task_id, tools) for i in range(self.sampler.group_size)]
+            route, task_id = self.sampler.route(index)
+            tools = self.envs[route].tools_for(task_id)
+            samples = [self._episode(index, i, route, task_id, tools) for i in range(self.sampler.group_size)]
             trajectories = await asyncio.gather(*samples)
-            await self.queue.put(Group(index=index, task_id=task_id, trajectories=tuple(trajectories)))
+            group = Group(index=index, task_id=task_id, trajectories=tuple(trajectories), env=route)
+            await self.queue.put(group)
 
     async def close(self) -> None:
         for task in self._tasks:

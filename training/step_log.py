@@ -104,18 +104,26 @@ def write_step(
     groups: Sequence[Group],
     learn: Mapping[str, Any],
     metrics: Mapping[str, float],
-    curriculum_event: Mapping[str, Any] | None = None,
+    curriculum_events: Sequence[Mapping[str, Any]] = (),
+    env_names: Sequence[str] | None = None,
 ) -> None:
-    """Append the step's samples, its metrics row and (when the curriculum moved) its event."""
+    """Append the step's samples, its metrics row and (when a curriculum moved) its events.
+
+    ``env_names`` (a mixture's ``[[env]]`` names) adds each sample's environment as ``"env"``.
+    """
+    env_of = {g.index: env_names[g.env] for g in groups} if env_names else {}
     with (run_dir / "trajectories.jsonl").open("a", encoding="utf-8") as fh:
         for t, where in _samples(step, groups, learn):
             record = {**where, "trained": id(t) in learn["trained"], "trajectory": json.loads(t.to_json())}
+            if env_of:
+                record["env"] = env_of[where["group"]]
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
     with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(dict(metrics)) + "\n")
-    if curriculum_event is not None:
+    if curriculum_events:
         with (run_dir / "curriculum.jsonl").open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps({**curriculum_event, "step": step}) + "\n")
+            for event in curriculum_events:
+                fh.write(json.dumps({**event, "step": step}) + "\n")
 
 
 def track_step(

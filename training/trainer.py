@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import logging
 import threading
@@ -43,9 +44,9 @@ from typing import Any
 import torch
 
 from toolgym.agents.harness import get_harness
-from toolgym.core import SamplingParams, ServedPolicy, TaskToolEnv, TrainablePolicy
+from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
 from toolgym.errors import ConfigError
-from toolgym.manifest import env_fingerprint
+from toolgym.registry import check_id
 from toolgym.trackers import Trackers
 from toolgym.training.batching import LossSums, micro_batches, pack_batch, plan_step
 from toolgym.training.checkpoint import (
@@ -59,10 +60,11 @@ from toolgym.training.config import TrainConfig, to_dict
 from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.export import export_checkpoint
 from toolgym.training.loss import check_token_receipt, clipped_pg_loss, mismatch_kl
+from toolgym.training.mixture import MixtureSampler, mixture_metrics, observe_curricula, probe_env
 from toolgym.training.policies import Closable, build_policy, learner_model, require_trainable
 from toolgym.training.prefix import SequenceScorer
 from toolgym.training.rewards import shaped_reward
-from toolgym.training.rollouts import Group, GroupSampler, InfraGuard, RolloutWorkers, env_factory, make_env
+from toolgym.training.rollouts import EnvRoute, Group, InfraGuard, RolloutWorkers, env_factory
 from toolgym.training.step_log import LOG_FILES, step_metrics, track_step, write_step, write_train_manifest
 
 __all__ = ["Trainer", "build_policy", "shaped_reward"]  # shaped_reward: re-exported
@@ -85,6 +87,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.train.seed)
+        for env in config.envs:  # a wrong id stops the run before a model is loaded
+            check_id(env.id)
         if policy is not None:
             require_trainable(policy)
         self._owns_policy = policy is None
@@ -121,25 +125,36 @@ class Trainer:
         self.reference = None
         if tc.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.curriculum = ToolCurriculum(config.curriculum)
-        self.harness = get_harness(config.env.harness)
-        probe = make_env(config.env.id, dict(config.env.kwargs))
-        try:
-            base = probe.unwrapped
-            if not isinstance(base, TaskToolEnv):
-                raise ConfigError(
-                    f"{config.env.id} is not a toolgym environment that lists its tasks (TaskToolEnv: "
-                    f"areset, astep, max_turns, task_ids); got {type(base).__name__}"
-                )
-            all_ids = list(base.task_ids())
-            self.env_fingerprint = env_fingerprint(probe, config.env.id, dict(config.env.kwargs))
-        finally:
-            probe.close()
-        task_ids = list(config.env.task_ids) or (
-            all_ids[: config.env.task_limit] if config.env.task_limit else all_ids
+        # One curriculum, harness and task list per environment ([[env]] tables; one for a plain [env]).
+        self.env_names = [env.name for env in config.envs]
+        self.harnesses = [get_harness(env.harness) for env in config.envs]
+        self.curricula = [
+            ToolCurriculum(
+                dataclasses.replace(config.curriculum, stages=env.stages or config.curriculum.stages)
+            )
+            for env in config.envs
+        ]
+        self.curriculum, self.harness = self.curricula[0], self.harnesses[0]
+        probes = [probe_env(e.id, e.kwargs, e.task_ids, e.task_limit) for e in config.envs]
+        self.env_task_ids = [ids for ids, _ in probes]
+        if config.is_mixture:
+            self.task_ids = [
+                f"{n}:{t}" for n, ids in zip(self.env_names, self.env_task_ids, strict=True) for t in ids
+            ]
+            self.env_fingerprint: dict[str, Any] = {
+                "id": "mixture",
+                "envs": {n: fp for n, (_, fp) in zip(self.env_names, probes, strict=True)},  # dotted diffs
+                "weights": {e.name: e.weight for e in config.envs},
+            }
+        else:
+            self.task_ids, self.env_fingerprint = self.env_task_ids[0], probes[0][1]
+        self.sampler = MixtureSampler(
+            self.env_task_ids,
+            [e.weight for e in config.envs],
+            group_size=tc.group_size,
+            seed=tc.seed,
+            config=config.mixture,
         )
-        self.task_ids = task_ids
-        self.sampler = GroupSampler(task_ids, group_size=tc.group_size, seed=tc.seed)
         self.warm_started = False
         self.step = 0
         self.next_group = 0
@@ -161,6 +176,8 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "curriculum": self.curriculum.state_dict(),
+            "curricula": [c.state_dict() for c in self.curricula],
+            "mixture": self.sampler.state_dict(),
             "rng": capture_rng(),
             "log_sizes": sizes,
             "warm_started": self.warm_started,
@@ -169,7 +186,16 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.curriculum.load_state_dict(state["curriculum"])
+        saved_curricula = state.get("curricula", [state["curriculum"]])
+        if len(saved_curricula) != len(self.curricula):
+            raise ConfigError(
+                f"{self.run_dir}'s checkpoint trained {len(saved_curricula)} environment(s), the config lists "
+                f"{len(self.curricula)}: train into a new --out"
+            )
+        for curriculum, saved in zip(self.curricula, saved_curricula, strict=True):
+            curriculum.load_state_dict(saved)
+        if "mixture" in state:
+            self.sampler.load_state_dict(state["mixture"])
         self.warm_started = bool(state.get("warm_started", False))
         restore_rng(state["rng"])
         self.step, self.next_group = int(state["step"]), int(state["next_group"])
@@ -218,24 +244,33 @@ class Trainer:
             model_dir=getattr(self.policy, "model_dir", None),
             resuming=self.step > 0 or self.warm_started,
         )
-        make, release = env_factory(
-            tc.backend, self.config.env.id, dict(self.config.env.kwargs), ray_env_actors=tc.ray_env_actors
-        )
+        factories = [
+            env_factory(tc.backend, env.id, dict(env.kwargs), ray_env_actors=tc.ray_env_actors)
+            for env in self.config.envs
+        ]
+
+        def release() -> None:
+            for _, free in factories:
+                free()
+
         try:
-            await self._warm_start(make)  # before any rollout worker samples
+            await self._warm_start(factories[0][0])  # before any rollout worker samples
         except BaseException:
             release()
             raise
+        routes = [
+            EnvRoute(make, harness, curriculum.tools_for, env.max_total_tokens)
+            for (make, _), harness, curriculum, env in zip(
+                factories, self.harnesses, self.curricula, self.config.envs, strict=True
+            )
+        ]
         workers = RolloutWorkers(
-            make=make,
+            envs=routes,
             policy=self.policy,
-            harness=self.harness,
             sampler=self.sampler,
             sampling=SamplingParams(
                 max_tokens=self.config.sampling.max_tokens, temperature=self.config.sampling.temperature
             ),
-            tools_for=self.curriculum.tools_for,
-            max_total_tokens=self.config.env.max_total_tokens,
             workers=tc.rollout_workers,
             queue_size=tc.queue_size,
             per_step=tc.tasks_per_step,
@@ -244,6 +279,7 @@ class Trainer:
         )
         pending: dict[int, Group] = {}
         history: list[dict[str, float]] = []
+        mixed = self.config.is_mixture
         try:
             from rich.progress import Progress
 
@@ -255,11 +291,13 @@ class Trainer:
                     wait = time.perf_counter() - t0
                     t1 = time.perf_counter()
                     learn = await asyncio.to_thread(self._learn, groups)
+                    # the mixture's weights move before the gate opens (see training.mixture's NOTE)
+                    self.sampler.observe([g.env for g in groups], [g.trajectories for g in groups])
                     # NOTE (staleness): the gate opens only after the update, so with look-ahead 0
                     # every group of the next step is sampled by the new weights.
                     await workers.advance(self.next_group)
                     self.step += 1
-                    unlocked = self.curriculum.observe([t for g in groups for t in g.trajectories])
+                    events = observe_curricula(self.curricula, self.env_names if mixed else None, groups)
                     metrics = step_metrics(
                         groups,
                         learn,
@@ -270,10 +308,10 @@ class Trainer:
                         dropped_groups=self.dropped_groups,
                         wait=wait,
                         t_learn=time.perf_counter() - t1,
-                        curriculum=self.curriculum.metrics(),
+                        curriculum=mixture_metrics(self, groups) if mixed else self.curriculum.metrics(),
                     )
-                    event = self.curriculum.events[-1] if unlocked else None
-                    write_step(self.run_dir, self.step, groups, learn, metrics, event)
+                    names = self.env_names if mixed else None
+                    write_step(self.run_dir, self.step, groups, learn, metrics, events, names)
                     track_step(self.trackers, self.step, groups, learn, metrics)
                     self.last_metrics = metrics
                     history.append(metrics)
@@ -389,6 +427,7 @@ class Trainer:
         tc = self.config.train
         plan = plan_step(
             [g.trajectories for g in groups],
+            scales=[self.sampler.scale(g.env) for g in groups],
             format_credit=tc.format_credit,
             answer_tool=tc.answer_tool,
             normalize_std=tc.normalize_std,

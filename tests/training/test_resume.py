@@ -32,17 +32,26 @@ OVERRIDES = [
     "curriculum.min_attempts=1",
     "curriculum.success_threshold=0.99",
 ]
+# The same run over a mixture of two environments (groups from each, a curriculum per environment,
+# advantages scaled by each environment's reward history): the mixture's state must cross the kill.
+LETTERS = 'id = "toy_env:toolgym-test/Letters-v0", kwargs = { latency = 0.02'
+MIXTURE = [o for o in OVERRIDES if not o.startswith(("env.", "curriculum.stages"))] + [
+    f'env=[{{ {LETTERS} }}, name = "wide", stages = [["answer"], ["answer", "lookup"]] }}, '
+    f'{{ {LETTERS}, n_tasks = 3 }}, name = "narrow", weight = 2.0, stages = [["answer"], ["answer", "lookup"]] }}]',
+    "mixture.window=2",
+    "mixture.normalize=std",  # advantages depend on each environment's reward history: it must survive
+]
 SCRIPT = "import sys; from toolgym.training.commands import train_command; train_command(None, sys.argv[2:], sys.argv[1])"
 
 
-def start(run_dir: Path) -> subprocess.Popen:
+def start(run_dir: Path, overrides: list[str] = OVERRIDES) -> subprocess.Popen:
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
         OMP_NUM_THREADS="1",
     )
     return subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(run_dir), *OVERRIDES], env=env, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", SCRIPT, str(run_dir), *overrides], env=env, stderr=subprocess.PIPE, text=True
     )
 
 
@@ -67,12 +76,15 @@ def comparable(run_dir: Path) -> tuple[list[dict], list[tuple]]:
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overrides", [OVERRIDES, MIXTURE], ids=["one-env", "mixture"])
+def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_run(
+    tmp_path: Path, overrides: list[str]
+) -> None:
     full, killed = tmp_path / "full", tmp_path / "killed"
-    proc = start(full)
+    proc = start(full, overrides)
     assert proc.wait(timeout=600) == 0, proc.stderr.read()
 
-    proc = start(killed)
+    proc = start(killed, overrides)
     metrics_file = killed / "metrics.jsonl"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -86,7 +98,7 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_run(tmp_path: 
     steps_at_kill = len(metrics_file.read_text().splitlines())
     assert steps_at_kill < 6
 
-    proc = start(killed)  # same command: it resumes from killed/checkpoint.pt
+    proc = start(killed, overrides)  # same command: it resumes from killed/checkpoint.pt
     assert proc.wait(timeout=600) == 0, proc.stderr.read()
 
     full_metrics, full_trajs = comparable(full)
@@ -95,6 +107,8 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_run(tmp_path: 
     assert resumed_metrics == full_metrics
     assert resumed_trajs == full_trajs  # every trajectory exactly once, identical tokens and advantages
     assert len({(s, g, i) for s, g, i, *_ in resumed_trajs}) == len(resumed_trajs) == 6 * 2 * 3
-    assert any(
-        m["curriculum/stage"] == 1.0 for m in full_metrics
-    )  # the curriculum state crossed the kill too
+    if overrides is OVERRIDES:
+        assert any(m["curriculum/stage"] == 1.0 for m in full_metrics)  # the curriculum crossed the kill too
+    else:  # both environments sampled, and each curriculum crossed the kill
+        assert all(sum(m[f"env/{n}/groups"] for m in full_metrics) > 0 for n in ("wide", "narrow"))
+        assert any(m["curriculum/wide/stage"] + m["curriculum/narrow/stage"] >= 1.0 for m in full_metrics)
