@@ -271,8 +271,13 @@ class TrainConfig:
     mixture: MixtureConfig = field(default_factory=MixtureConfig)
 
     def __post_init__(self) -> None:
-        # ``envs`` lists every environment of the run (one for a plain ``[env]``); ``env`` is the first.
-        if self.envs:
+        # ``envs`` lists every environment of the run; ``env`` is the first. With one environment
+        # ``env`` is the source (so ``dataclasses.replace(config, env=...)`` keeps working).
+        if len(self.envs) > 1:
+            if self.env not in (self.envs[0], EnvConfig()):
+                raise ConfigError(
+                    "a mixture's environments are its envs (the [[env]] tables): change envs, not env"
+                )
             object.__setattr__(self, "env", self.envs[0])
         else:
             object.__setattr__(self, "envs", (self.env,))
@@ -340,7 +345,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     if isinstance(data.get("env"), list):  # [[env]] tables: a mixture
         if "envs" in data:
             raise ConfigError("give the environments as [[env]] tables only (not also as envs)")
-        data["envs"] = data.pop("env")
+        tables = data.pop("env")
+        if len(tables) == 1:  # one [[env]] table is a plain [env]
+            data["env"] = tables[0]
+        else:
+            data["envs"] = tables
     return _build(TrainConfig, data, "")
 
 

@@ -232,3 +232,16 @@ async def test_a_mixture_run_logs_reports_and_reverifies_each_environment_on_its
     assert [s.name.rsplit(" ", 1)[-1] for s in report.sources] == ["[six]", "[three]"]
     assert [s.episodes for s in report.sources] == [2 * groups["six"], 2 * groups["three"]]
     assert report.errors == 0 and report.changed == 0
+
+
+def test_replace_keeps_working_on_one_environment_and_refuses_to_split_a_mixture(tmp_path: Path) -> None:
+    import dataclasses
+
+    single = load_config(None, [])
+    moved = dataclasses.replace(single, env=dataclasses.replace(single.env, id="toolgym/CodeExec-v0"))
+    assert moved.env.id == "toolgym/CodeExec-v0" and moved.envs == (moved.env,)
+    one_table = load_config(write(tmp_path, '[[env]]\nid = "toolgym/CodeExec-v0"\n'))
+    assert not one_table.is_mixture and one_table.env.id == "toolgym/CodeExec-v0"
+    mixed = load_config(write(tmp_path, TWO))
+    with pytest.raises(ConfigError, match="change envs, not env"):
+        dataclasses.replace(mixed, env=moved.env)
