@@ -106,10 +106,6 @@ class MixtureSampler:
         self._flat: list[deque[bool]] = [deque(maxlen=window) for _ in self.samplers]
         self._rewards: list[deque[float]] = [deque(maxlen=window * group_size) for _ in self.samplers]
 
-    @property
-    def task_ids(self) -> list[str]:
-        return self.samplers[0].task_ids
-
     # ------------------------------------------------------------------ draws
     def weights(self) -> list[float]:
         """The current sampling probabilities (they sum to 1)."""
@@ -130,9 +126,9 @@ class MixtureSampler:
 
     def route(self, index: int) -> tuple[int, str]:
         """Group ``index``'s environment (position in ``[[env]]``) and task id."""
-        e = self.env(index)
         if len(self.samplers) == 1:
             return 0, self.samplers[0].task(index)
+        e = self.env(index)
         ids = self.samplers[e].task_ids
         return e, ids[int(np.random.default_rng([self.seed, index, 2]).integers(len(ids)))]
 
