@@ -105,14 +105,17 @@ def paired_bootstrap(
 
 def summarize(harness: str, trajectories: Sequence[Trajectory]) -> TrackSummary:
     scored = [t for t in trajectories if t.status != "infra_error"]
-    keys = sorted({k for t in scored for k in t.metrics if k.startswith("reward/")})
+    # reward metrics, and how episodes ended when that varies: segments per compacted episode, cut turns
+    shown = ("reward/", "episode/segments", "env/turn_truncated")
+    keys = sorted({k for t in scored for k in t.metrics if k.startswith(shown)})
     mean = lambda xs: float(np.mean(xs)) if xs else 0.0  # noqa: E731
     return TrackSummary(
         harness=harness,
         n=len(trajectories),
         success=mean([float(t.reward >= 1.0 - 1e-9) for t in scored]),
         reward=mean([t.reward for t in scored]),
-        metrics={k: mean([t.metrics.get(k, 0.0) for t in scored]) for k in keys},
+        # an episode that was never compacted is one segment
+        metrics={k: mean([t.metrics.get(k, float(k == "episode/segments")) for t in scored]) for k in keys},
         tool_calls=mean(
             [
                 sum(v for k, v in t.metrics.items() if k.startswith("tool/") and k.endswith("/calls"))

@@ -1,5 +1,9 @@
 """Harness tracks: ``bare`` (task + tool schemas only) and ``scaffold`` (planning, hints, budget).
 
+Either may compact its context when it nears the token budget: ``bare+compact``, ``scaffold+compact``
+(older tool results dropped with a note) or ``+summary`` (the policy summarises); see
+:mod:`toolgym.agents.compaction`.
+
 Both tracks see the same tasks with the same seeds; only the text around the model differs. Harness
 text is never trained on (the rollout appends it with mask 0).
 """
@@ -66,7 +70,7 @@ class ScaffoldHarness:
         out = copy.deepcopy(list(messages))
         for message in out:
             content = message["content"]
-            if len(content) > self.max_tool_chars:
+            if message["role"] == "tool" and len(content) > self.max_tool_chars:
                 message["content"] = (
                     content[: self.max_tool_chars]
                     + f"\n[... shortened by the scaffold: {len(content) - self.max_tool_chars} characters]"
@@ -84,11 +88,31 @@ class ScaffoldHarness:
 
 HARNESSES: dict[str, type] = {"bare": BareHarness, "scaffold": ScaffoldHarness}
 
+#: Suffixes that add context compaction to any track (see :mod:`toolgym.agents.compaction`).
+COMPACTION_SUFFIXES = {"compact": "drop", "summary": "summary"}
+
 
 def get_harness(name: str) -> Harness:
-    """Harness by track name (``bare`` or ``scaffold``)."""
-    if name not in HARNESSES:
+    """Harness by track name: ``bare`` or ``scaffold``, optionally ``+compact`` or ``+summary``.
+
+    ``scaffold+compact`` is the scaffold whose episodes go on in a new token segment, older tool
+    results replaced by a note, when the context nears its budget; ``+summary`` has the policy
+    summarise its work instead (:mod:`toolgym.agents.compaction`).
+    """
+    base, _, suffix = name.partition("+")
+    if base not in HARNESSES:
         raise ConfigError(
-            f"unknown harness {name!r}.{did_you_mean(name, HARNESSES)} Choose from: {', '.join(HARNESSES)}"
+            f"unknown harness {name!r}.{did_you_mean(base, HARNESSES)} Choose from: {', '.join(HARNESSES)}, "
+            f"each optionally with {' or '.join('+' + s for s in COMPACTION_SUFFIXES)}"
         )
-    return HARNESSES[name]()
+    harness: Harness = HARNESSES[base]()
+    if not suffix:
+        return harness
+    if suffix not in COMPACTION_SUFFIXES:
+        raise ConfigError(
+            f"unknown harness option {suffix!r} in {name!r}.{did_you_mean(suffix, COMPACTION_SUFFIXES)} "
+            f"Options: {', '.join('+' + s for s in COMPACTION_SUFFIXES)}"
+        )
+    from toolgym.agents.compaction import CompactingHarness, CompactionConfig
+
+    return CompactingHarness(harness, CompactionConfig(mode=COMPACTION_SUFFIXES[suffix]))  # type: ignore[arg-type]

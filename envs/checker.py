@@ -19,6 +19,10 @@ and :func:`check_env` checks that too, using only the public protocol (``reset``
   exceptions, with reward 0 and the episode still running;
 * **tool restriction** — ``options={"tools": []}`` keeps a non-empty subset (the terminal tool, so
   an episode can always end) and an unknown tool name is a :class:`~toolgym.errors.ConfigError`;
+* **mid-episode unlocks** — ``options={"unlocks": [{"tool": T, "after": {"turn": 1}}]}`` (see
+  :mod:`toolgym.unlocks`) withholds a non-terminal tool ``T`` at reset and, after turn 1, appends its
+  schema to the observation, reports it in ``info["unlocked"]`` and allows it; a rule for an unknown
+  tool is a :class:`~toolgym.errors.ConfigError` at reset;
 * **close** — ``close()`` may be called twice (an error from the second call propagates).
 
 The checker closes the environment when it is done (the last check), so pass one made for it:
@@ -85,6 +89,7 @@ def check_env(env: gymnasium.Env, *, seeds: int = 8, skip_gymnasium: bool = Fals
     _check_sparse_reward_and_truncation(env, name)
     _check_malformed_calls(env, name)
     _check_tool_restriction(env, name)
+    _check_unlocks(env, name)
     env.close()
     env.close()  # close() is idempotent: a second call that raises fails the check with its error
 
@@ -185,3 +190,41 @@ def _check_tool_restriction(env: gymnasium.Env, name: str) -> None:
         )
     else:
         raise EnvCheckError(f"{name}: options={{'tools': [{_UNKNOWN_TOOL!r}]}} must raise ConfigError")
+
+
+def _check_unlocks(env: gymnasium.Env, name: str) -> None:
+    _, info = _reset(env, name, seed=0)
+    _, restricted = _reset(env, name, seed=0, options={"tools": []})
+    optional = [t for t in info["allowed_tools"] if t not in restricted["allowed_tools"]]
+    if optional and int(info["max_turns"]) >= 2:
+        tool = optional[0]
+        _, info = _reset(env, name, seed=0, options={"unlocks": [{"tool": tool, "after": {"turn": 1}}]})
+        _require(
+            tool not in info["allowed_tools"],
+            f"{name}: a tool with an unlock rule must be withheld at reset, but {tool!r} is allowed",
+        )
+        obs, _, terminated, truncated, step_info = env.step(_UNKNOWN_CALL)
+        unlocked = [u.get("tool") for u in step_info.get("unlocked", [])]
+        _require(
+            not (terminated or truncated)
+            and unlocked == [tool]
+            and tool in step_info.get("allowed_tools", []),
+            f"{name}: the rule 'unlock {tool!r} after turn 1' must fire after turn 1 (info['unlocked'] and "
+            f"info['allowed_tools'] name it), got info {step_info!r}",
+        )
+        _require(
+            bool(obs) and f'"name": "{tool}"' in str(obs[-1].get("content", "")),
+            f"{name}: the step that unlocks {tool!r} must end its observation with the tool's schema, "
+            f"got {obs!r}",
+        )
+    try:
+        _reset(env, name, seed=0, options={"unlocks": [{"tool": _UNKNOWN_TOOL, "after": {"turn": 1}}]})
+    except ConfigError as exc:
+        _require(
+            "unknown tool" in str(exc),
+            f"{name}: an unlock rule for an unknown tool must say 'unknown tool', said {exc}",
+        )
+    else:
+        raise EnvCheckError(
+            f"{name}: an unlock rule for the unknown tool {_UNKNOWN_TOOL!r} must raise ConfigError"
+        )

@@ -35,10 +35,18 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Sample:
-    """One trajectory the learner trains on, with its group-relative advantage."""
+    """One token sequence the learner trains on, with its group-relative advantage.
+
+    Attributes:
+        trajectory: the sequence: an episode, or one segment of a compacted episode
+            (:meth:`~toolgym.core.Trajectory.segment_views`).
+        advantage: the episode's advantage (every segment of an episode trains with it).
+        episode: the whole episode when ``trajectory`` is one of its segments, else ``None``.
+    """
 
     trajectory: Trajectory
     advantage: float
+    episode: Trajectory | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ def plan_step(
     scored). A group whose advantages are all 0 (equal rewards, or a single usable sample) carries no
     policy-gradient signal; ``skip_zero_variance`` leaves it out of the loss altogether. ``scales``
     multiplies each group's advantages (a mixture's per-environment normalisation; 1.0 by default).
+    A compacted episode trains each of its segments, all with the episode's advantage.
     """
     advantages: list[tuple[float, ...]] = []
     trained: list[tuple[Sample, ...]] = []
@@ -99,7 +108,13 @@ def plan_step(
             zero_variance += 1
             continue
         if usable:
-            trained.append(tuple(Sample(t, by_id[id(t)]) for t in usable))
+            trained.append(
+                tuple(
+                    Sample(view, by_id[id(t)], t if t.segments else None)
+                    for t in usable
+                    for view in t.segment_views()
+                )
+            )
     return StepPlan(advantages=tuple(advantages), groups=tuple(trained), zero_variance=zero_variance)
 
 

@@ -47,7 +47,8 @@ class EnvConfig:
         id: a registered id (``toolgym/SearchQA-v0``); gymnasium's ``module:id`` form imports a module
             that registers the id first.
         kwargs: keyword arguments for ``gymnasium.make`` (e.g. ``max_turns``).
-        harness: ``bare`` or ``scaffold``.
+        harness: ``bare`` or ``scaffold``, either optionally with ``+compact`` or ``+summary`` (context
+            compaction into new token segments when an episode nears ``max_total_tokens``).
         task_limit: train on the first N tasks of the environment only (0 = all).
         task_ids: explicit task ids to train on (overrides ``task_limit``).
         max_total_tokens: token budget of one episode (prompt included).

@@ -1,4 +1,4 @@
-"""A curriculum that unlocks tools in stages, on measured signals (the trainer's lever on ``options["tools"]``).
+"""A curriculum that unlocks tools in stages, on measured signals (the trainer's lever on reset options).
 
 Stages are growing tool sets, e.g. ``answer`` only, then ``+search``, then ``+open``. The trainer asks
 :meth:`ToolCurriculum.tools_for` which tools an episode may use (passed to the environment as
@@ -14,10 +14,20 @@ Hysteresis: the signal must hold on ``patience`` consecutive observations, and a
 ``min_stay`` observations, so one noisy batch never unlocks a tool. ``preview_prob`` lets a share of
 episodes see the next stage's tools early; it draws from a seeded generator whose state is saved, so
 decisions are identical after a resume.
+
+Mid-episode unlocks: ``unlocks`` lists rules in the environment's format (:mod:`toolgym.unlocks`,
+e.g. ``{tool = "open", after = { failed_calls = { tool = "search", n = 3 } } }``), each optionally
+bound to one stage (``stage = 1``). :meth:`ToolCurriculum.reset_options` returns what the trainer
+passes to ``reset``: the stage's ``tools`` and the rules that apply to that stage as ``unlocks``. A
+rule without ``stage`` applies in every stage whose tool set lacks the tool (so a tool can unlock
+mid-episode in one stage and be there from the start in the next); a rule with ``stage`` applies in
+that stage only. :meth:`ToolCurriculum.observe` counts the unlocks that fired (the episodes'
+``tool/<name>/unlocked_turn`` metrics), shown as ``curriculum/unlocked/<name>``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +37,7 @@ import numpy as np
 
 from toolgym.core import Task, Trajectory
 from toolgym.errors import ConfigError
+from toolgym.unlocks import UnlockRule, parse_rule
 
 __all__ = ["CurriculumConfig", "ToolCurriculum"]
 
@@ -49,6 +60,12 @@ class CurriculumConfig:
         min_stay: observations spent in a stage before it may be left.
         preview_prob: probability that an episode already gets the next stage's tools.
         seed: seeds the preview draws.
+        unlocks: mid-episode unlock rules (``toolgym.unlocks`` format: ``tool``, ``after``, optional
+            ``mode``), each with an optional ``stage`` (0-based) it is bound to; without ``stage`` a
+            rule applies in every stage that lacks its tool. The tool is withheld at reset and
+            unlocked, its schema shown, when the rule fires (e.g. ``{ tool = "open", after = {
+            failed_calls = { tool = "search", n = 3 } } }``). In a mixture every environment gets the
+            rules; a tool an environment lacks is a ConfigError at its first reset.
     """
 
     stages: tuple[tuple[str, ...], ...] = ()
@@ -61,6 +78,7 @@ class CurriculumConfig:
     min_stay: int = 3
     preview_prob: float = 0.0
     seed: int = 0
+    unlocks: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.patience < 1 or self.min_stay < 0 or self.min_attempts < 1:
@@ -71,6 +89,20 @@ class CurriculumConfig:
             raise ConfigError(
                 "curriculum: a stage must list at least one tool (the terminal tool, e.g. 'answer')"
             )
+        object.__setattr__(self, "unlocks", tuple(dict(rule) for rule in _check_unlocks(self)))
+
+    def stage_rules(self, stage: int | None) -> tuple[UnlockRule, ...]:
+        """The unlock rules an episode of ``stage`` gets (``None``: no stages, the env's full tool set)."""
+        tools = set(self.stages[stage]) if stage is not None else None
+        out = []
+        for spec, rule in zip(self.unlocks, _parsed(self.unlocks), strict=True):
+            bound = spec.get("stage")
+            if bound is not None:
+                if bound == stage:
+                    out.append(rule)
+            elif tools is None or rule.tool not in tools:
+                out.append(rule)
+        return tuple(out)
 
 
 class ToolCurriculum:
@@ -87,6 +119,13 @@ class ToolCurriculum:
         self._observations = 0
         self._events: list[dict[str, Any]] = []
         self._last_signal = ""
+        self._unlocked: dict[str, int] = {}  # mid-episode unlocks that fired, per tool
+        bound = [spec["stage"] for spec in config.unlocks if "stage" in spec]
+        if bound and not config.stages:
+            raise ConfigError(
+                f"curriculum.unlocks: a rule is bound to stage {bound[0]}, but the curriculum has no "
+                "stages; drop 'stage' (the rule then applies to every episode) or give stages"
+            )
 
     # ------------------------------------------------------------------ queries
     @property
@@ -99,12 +138,30 @@ class ToolCurriculum:
 
     def tools_for(self, task: Task | str | None = None) -> set[str] | None:
         """Tools the next episode may use; ``None`` means no restriction (curriculum disabled)."""
+        stage = self._draw_stage()
+        return None if stage is None else set(self.config.stages[stage])
+
+    def reset_options(self, task: Task | str | None = None) -> dict[str, Any]:
+        """The next episode's ``reset`` options: the stage's ``tools`` and its mid-episode ``unlocks``.
+
+        Draws the stage once, as :meth:`tools_for` does (same generator, same decisions after a resume).
+        """
+        stage = self._draw_stage()
+        options: dict[str, Any] = {}
+        if stage is not None:
+            options["tools"] = sorted(self.config.stages[stage])
+        rules = self.config.stage_rules(stage)
+        if rules:
+            options["unlocks"] = [rule.to_dict() for rule in rules]
+        return options
+
+    def _draw_stage(self) -> int | None:
         if not self.enabled:
             return None
         stage = self.stage
         if not self.final and self.config.preview_prob > 0 and self._rng.random() < self.config.preview_prob:
             stage += 1
-        return set(self.config.stages[stage])
+        return stage
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -116,6 +173,11 @@ class ToolCurriculum:
         """Record one learner step's finished episodes; returns True when a stage was unlocked."""
         trajectories = [t for t in trajectories if t.status != "infra_error"]
         self._observations += 1
+        for t in trajectories:
+            for key in t.metrics:
+                if key.startswith("tool/") and key.endswith("/unlocked_turn"):
+                    tool = key[len("tool/") : -len("/unlocked_turn")]
+                    self._unlocked[tool] = self._unlocked.get(tool, 0) + 1
         if not self.enabled or not trajectories:
             return False
         solved = [t.reward >= self.config.success_threshold for t in trajectories]
@@ -170,13 +232,16 @@ class ToolCurriculum:
     def metrics(self) -> dict[str, float]:
         share = self.unsolved_share()
         recent = self._history[-self.config.window :]
-        return {
+        out = {
             "curriculum/stage": float(self.stage),
             "curriculum/success_rate": sum(recent) / len(recent) if recent else 0.0,
             "curriculum/unsolved_share": share if share is not None else 0.0,
             "curriculum/signal_streak": float(self._streak),
             "curriculum/unlocks": float(len(self._events)),
         }
+        # Episodes (so far, all stages) in which a mid-episode rule unlocked the tool.
+        out.update({f"curriculum/unlocked/{tool}": float(n) for tool, n in sorted(self._unlocked.items())})
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -188,6 +253,8 @@ class ToolCurriculum:
             "streak": self._streak,
             "observations": self._observations,
             "events": self.events,
+            "unlock_rules": [dict(rule) for rule in self.config.unlocks],
+            "unlocked": dict(self._unlocked),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -195,6 +262,13 @@ class ToolCurriculum:
         if self.enabled and not 0 <= stage < len(self.config.stages):
             raise ConfigError(
                 f"curriculum state has stage {stage}, but the config has {len(self.config.stages)} stages"
+            )
+        saved_rules = [dict(rule) for rule in state.get("unlock_rules", [])]
+        if "unlock_rules" in state and _canonical(saved_rules) != _canonical(self.config.unlocks):
+            raise ConfigError(
+                f"curriculum state was saved with unlock rules {saved_rules}, but the config now has "
+                f"{[dict(r) for r in self.config.unlocks]}: resume with the same curriculum.unlocks "
+                "(episodes must be posed as before)"
             )
         self.stage = stage
         self._rng.bit_generator.state = state["rng"]
@@ -204,8 +278,63 @@ class ToolCurriculum:
         self._streak = int(state["streak"])
         self._observations = int(state["observations"])
         self._events = [dict(e) for e in state["events"]]
+        self._unlocked = {str(k): int(v) for k, v in state.get("unlocked", {}).items()}
 
 
 def parse_stages(stages: Sequence[Sequence[str]]) -> tuple[tuple[str, ...], ...]:
     """Normalise stages from a config file (lists of names) to tuples."""
     return tuple(tuple(str(name) for name in stage) for stage in stages)
+
+
+def _canonical(rules: Sequence[Mapping[str, Any]]) -> str:
+    return json.dumps([dict(r) for r in rules], sort_keys=True)
+
+
+def _parsed(unlocks: Sequence[Mapping[str, Any]]) -> tuple[UnlockRule, ...]:
+    """The rules without their curriculum-only ``stage`` key, in the environment's format."""
+    return tuple(
+        parse_rule({k: v for k, v in spec.items() if k != "stage"}, f"curriculum.unlocks[{i}]")
+        for i, spec in enumerate(unlocks)
+    )
+
+
+def _check_unlocks(config: CurriculumConfig) -> tuple[Mapping[str, Any], ...]:
+    """Check ``config.unlocks`` against the stages (the environment checks its tools at reset)."""
+    if isinstance(config.unlocks, str | Mapping) or not isinstance(config.unlocks, Sequence):
+        raise ConfigError(f"curriculum.unlocks must be a list of rules, got {config.unlocks!r}")
+    for i, spec in enumerate(config.unlocks):
+        if not isinstance(spec, Mapping):
+            raise ConfigError(
+                f'curriculum.unlocks[{i}] must be a table like {{ tool = "open", after = {{ turn = 2 }} }}, '
+                f"got {spec!r}"
+            )
+    rules = _parsed(config.unlocks)  # the format: kinds, counts, keys
+    stages = config.stages
+    for i, (spec, rule) in enumerate(zip(config.unlocks, rules, strict=True)):
+        where = f"curriculum.unlocks[{i}] ({rule.describe()})"
+        if "stage" not in spec:
+            if stages and all(rule.tool in stage for stage in stages):
+                raise ConfigError(
+                    f"{where} never applies: every stage already allows {rule.tool!r}; drop it from the "
+                    "stage(s) where it should unlock mid-episode"
+                )
+            continue
+        bound = spec["stage"]
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
+            raise ConfigError(f"{where}: stage must be a stage index (0, 1, ...), got {bound!r}")
+        if stages and bound >= len(stages):
+            raise ConfigError(
+                f"{where}: stage {bound} does not exist; the curriculum has {len(stages)} stages"
+            )
+        if stages and rule.tool in stages[bound]:
+            raise ConfigError(
+                f"{where}: stage {bound} already allows {rule.tool!r} from the start: drop it from that "
+                "stage's tools or drop the rule"
+            )
+    for stage in range(len(stages)) if stages else [None]:
+        tools = [r.tool for r in config.stage_rules(stage)]
+        twice = sorted({t for t in tools if tools.count(t) > 1})
+        if twice:
+            label = f"stage {stage}" if stage is not None else "an episode"
+            raise ConfigError(f"curriculum.unlocks: {label} gets two rules for {twice[0]!r}; keep one")
+    return tuple(config.unlocks)

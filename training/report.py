@@ -27,6 +27,7 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Sampling weight per environment", ("mixture/*/weight",)),
     ("Tool calls per episode", ("tool/*/calls",)),
     ("Response length (sampled tokens)", ("response/tokens_mean",)),
+    ("Context segments per episode", ("env/segments_mean",)),
     ("Staleness (policy versions)", ("staleness/mean", "staleness/max")),
     ("Curriculum stage", ("curriculum/stage", "curriculum/*/stage")),
     ("Loss", ("loss/pg", "mismatch/kl")),
@@ -111,25 +112,56 @@ def _plots(metrics: list[dict[str, Any]]) -> str:
             )
         if not names and all(key.startswith(("env/", "mixture/")) for key in wanted):
             continue  # a mixture's plot in a one-environment run
+        if names == ["env/segments_mean"] and all(m.get(names[0], 1.0) == 1.0 for m in metrics):
+            continue  # nothing was compacted
         gap = {name: math.nan if name.startswith("env/") else 0.0 for name in names}
         series = {name: [float(m.get(name, gap[name])) for m in metrics] for name in names}
         out.append(_svg_plot(title, steps, series))
     return "\n".join(out)
 
 
+def _segment_html(segment: dict[str, Any], index: int, summary_tokens: int) -> str:
+    """The boundary where a compacted episode went on in a new token sequence."""
+    what = (
+        f"the policy's summary ({summary_tokens} sampled tokens in the previous segment) replaced "
+        f"{segment['dropped_turns']} turn(s)"
+        if segment.get("summary")
+        else f"{segment['dropped_results']} tool result(s) replaced by a note, {segment['dropped_turns']} "
+        "turn(s) left out"
+    )
+    label = f"segment {index + 1} · context compacted before turn {segment['start_turn']}: {what}"
+    body = html.escape(segment["summary"]) if segment.get("summary") else ""
+    return f'<div class="msg segment"><div class="role">{html.escape(label)}</div><pre>{body}</pre></div>'
+
+
 def _trajectory_html(record: dict[str, Any]) -> str:
     t = record["trajectory"]
-    runs = [n for m, n in mask_runs(t["loss_mask"]) if m == 1]
+    segments = t.get("segments", [])
+    masks = [t["loss_mask"], *(s["loss_mask"] for s in segments)]
+    runs_by_segment = [[n for m, n in mask_runs(mask) if m == 1] for mask in masks]
+    summary_tokens = [0] * len(masks)
+    for k, segment in enumerate(segments):  # a summary is the last sampled run of the segment before
+        if segment.get("summary") and runs_by_segment[k]:
+            summary_tokens[k + 1] = runs_by_segment[k].pop()
+    runs = [n for seg in runs_by_segment for n in seg]
+    starts = {s["start_turn"]: k + 1 for k, s in enumerate(segments)}
     head = (
         f"step {record['step']} · task {html.escape(str(t['task_id']))} · reward {t['reward']:.3f} · advantage "
         f"{record['advantage']:+.3f} · {t['status']} · tools {', '.join(t['allowed_tools'])} · "
         f"{'trained' if record['trained'] else 'not trained'}"
+        + (f" · {len(masks)} segments" if segments else "")
+        + (f" · stopped: {t['stop_reason']}" if t.get("stop_reason") else "")
     )
     rows = []
     sampled = iter(runs)
+    turn = 0
     for message in t["messages"]:
         role = message["role"]
         if role == "assistant":
+            turn += 1
+            if turn in starts:
+                k = starts[turn]
+                rows.append(_segment_html(segments[k - 1], k, summary_tokens[k]))
             n = next(sampled, 0)
             label = (
                 f"assistant · trained, {n} sampled tokens (mask 1)"
@@ -215,6 +247,7 @@ figcaption {{ font-weight: 600; }}
 .msg {{ margin: .3em 0 .3em 1em; padding: .2em .5em; border-left: 4px solid #bbb; }}
 .msg.trained {{ border-color: #2ca02c; background: #f1faf1; }}
 .msg.context {{ background: #f7f7f7; }}
+.msg.segment {{ border-color: #ff7f0e; background: #fff6ec; }}
 .role {{ font-size: .8em; color: #555; }}
 pre {{ white-space: pre-wrap; margin: .2em 0; }}
 table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .2em .6em; }}
@@ -230,7 +263,8 @@ table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding
 <table id="stages"><tr><th>step</th><th>stage</th><th>signal</th><th>tools</th></tr>{stage_rows}</table>
 <h2>Trajectories</h2>
 <p>Green: the assistant's sampled tokens (loss mask 1), trained with the shown advantage. Grey: prompt,
-tool results and harness text (mask 0), never trained.</p>
+tool results and harness text (mask 0), never trained. Orange: a compacted episode went on in a new
+token sequence (segment); every segment trains with the episode's advantage.</p>
 <div id="trajectories">{"".join(_trajectory_html(r) for r in records)}</div>
 <h2>Config</h2><pre id="config">{html.escape(config)}</pre>
 </body></html>

@@ -140,11 +140,15 @@ class GroupSampler:
 
 @dataclass(frozen=True)
 class EnvRoute:
-    """How the workers play one environment of the run: its factory, harness, tool sets and budget."""
+    """How the workers play one environment of the run: its factory, harness, reset options and budget.
+
+    ``options_for(task_id)`` gives the episode's ``reset`` options from the curriculum (``tools``,
+    ``unlocks``; see :meth:`~toolgym.training.curriculum.ToolCurriculum.reset_options`).
+    """
 
     make: Callable[[], gymnasium.Env]
     harness: Harness
-    tools_for: Callable[[str], set[str] | None]
+    options_for: Callable[[str], dict[str, Any]]
     max_total_tokens: int
 
 
@@ -197,7 +201,7 @@ class RolloutWorkers:
         return self._pools[route].get_nowait()
 
     async def _episode(
-        self, index: int, sample: int, route: int, task_id: str, tools: set[str] | None
+        self, index: int, sample: int, route: int, task_id: str, curriculum_options: dict[str, Any]
     ) -> Trajectory:
         seed = self.sampler.episode_seed(index, sample)
         where = self.envs[route]
@@ -210,7 +214,7 @@ class RolloutWorkers:
                 task_id=task_id,
                 seed=seed,
                 harness=where.harness.name,
-                allowed_tools=tuple(sorted(tools or ())),
+                allowed_tools=tuple(sorted(curriculum_options.get("tools") or ())),
                 messages=(),
                 token_ids=(),
                 loss_mask=(),
@@ -222,9 +226,7 @@ class RolloutWorkers:
                 error=f"{type(exc).__name__}: {exc}",
             )
         try:
-            options: dict = {"task_id": task_id}
-            if tools is not None:
-                options["tools"] = sorted(tools)
+            options: dict = {"task_id": task_id, **curriculum_options}
             return await run_episode(
                 env,
                 self.policy,
@@ -248,8 +250,10 @@ class RolloutWorkers:
 
                 await self._gate.wait_for(ready)
             route, task_id = self.sampler.route(index)
-            tools = self.envs[route].tools_for(task_id)
-            samples = [self._episode(index, i, route, task_id, tools) for i in range(self.sampler.group_size)]
+            options = self.envs[route].options_for(task_id)
+            samples = [
+                self._episode(index, i, route, task_id, options) for i in range(self.sampler.group_size)
+            ]
             trajectories = await asyncio.gather(*samples)
             group = Group(index=index, task_id=task_id, trajectories=tuple(trajectories), env=route)
             await self.queue.put(group)

@@ -259,7 +259,7 @@ class Trainer:
             release()
             raise
         routes = [
-            EnvRoute(make, harness, curriculum.tools_for, env.max_total_tokens)
+            EnvRoute(make, harness, curriculum.reset_options, env.max_total_tokens)
             for (make, _), harness, curriculum, env in zip(
                 factories, self.harnesses, self.curricula, self.config.envs, strict=True
             )
@@ -491,7 +491,7 @@ class Trainer:
         return {
             "advantages": plan.advantages,
             "zero_variance": plan.zero_variance,
-            "trained": {id(s.trajectory) for s in plan.samples},
+            "trained": {id(s.episode or s.trajectory) for s in plan.samples},
             **sums.as_dict(),
             "grad_norm": grad_norm,
             "tokens": total,

@@ -322,6 +322,7 @@ def fine_tune(
 
     from toolgym.training.loss import check_token_receipt
 
+    trajectories = [v for t in trajectories for v in t.segment_views()]  # a compacted episode: each segment
     if not trajectories:
         return []
     for trajectory in trajectories:
@@ -365,7 +366,7 @@ def summarize(
         mean_reward=sum(t.reward for t in scored) / max(len(scored), 1),
         mean_kept_reward=sum(t.reward for t in kept) / max(len(kept), 1),
         epoch_losses=tuple(losses),
-        tokens=sum(sum(t.loss_mask) for t in kept),
+        tokens=sum(sum(v.loss_mask) for t in kept for v in t.segment_views()),
         seconds=time.perf_counter() - started,
         infra_errors=len(episodes) - len(scored),
         kept_task_ids=tuple(sorted({t.task_id for t in kept})),

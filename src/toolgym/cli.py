@@ -67,7 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--env", required=True, help="environment id, e.g. toolgym/SearchQA-v0")
     p.add_argument("--policy", default="smollm2", help=POLICY_HELP)
     p.add_argument("--model", default=None, help="served model name, for --policy http:URL only")
-    p.add_argument("--harness", default="bare,scaffold", help="comma-separated tracks (bare, scaffold)")
+    p.add_argument(
+        "--harness",
+        default="bare,scaffold",
+        help="comma-separated tracks: bare, scaffold, either with +compact or +summary "
+        "(context compaction into new token segments), e.g. scaffold,scaffold+compact",
+    )
     p.add_argument("--n", type=int, default=50, help="number of tasks (the same ones on every track)")
     p.add_argument("--seed", type=int, default=0, help="seed for task choice and episodes")
     p.add_argument(

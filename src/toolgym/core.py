@@ -13,7 +13,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -336,6 +336,43 @@ def sampled_ids_hash(token_ids: Sequence[int], loss_mask: Sequence[int]) -> str:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One later context window of a compacted episode (:attr:`Trajectory.segments`).
+
+    When an episode's context nears its token budget, a compacting harness opens a new token sequence:
+    the episode's start, a note, and the kept turns, where each kept assistant turn is copied as the
+    exact ids it was sampled as (mask 0 here: it trains in the segment that sampled it) and older tool
+    results are replaced by a short note. The episode goes on in the new sequence. Each segment has its
+    own receipt; the trainer trains every segment with the episode's advantage.
+
+    Attributes:
+        token_ids, loss_mask, logprobs, token_hash: the segment's sequence, as for a trajectory.
+        start_turn: the number of the first environment turn sampled in this segment.
+        context: the messages the segment opened with, as shown to the model.
+        dropped_results: tool results replaced by a note in ``context``.
+        dropped_turns: earlier turns left out of ``context`` altogether.
+        summary: the policy's own summary the segment carries (summarising compaction), else "".
+    """
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    token_hash: str
+    start_turn: int
+    context: tuple[Message, ...] = ()
+    dropped_results: int = 0
+    dropped_turns: int = 0
+    summary: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Segment:
+        data = dict(data)
+        for key in ("token_ids", "loss_mask", "logprobs", "context"):
+            data[key] = tuple(data.get(key, ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """A finished episode, as written to JSONL.
 
@@ -346,6 +383,13 @@ class Trajectory:
 
     ``status`` is ``ok`` (terminated by an answer), ``truncated`` (turn or token budget ran out) or
     ``infra_error`` (the environment's infrastructure failed; never train on or score it).
+    ``stop_reason`` says why it ended: ``answer``, ``max_turns`` (the environment's turn limit),
+    ``token_budget``, ``turn_truncated`` (a turn was cut at its token limit: nothing is sampled after
+    it), ``compaction_loop`` / ``compaction_limit`` (see :class:`Segment`) or ``infra_error``.
+
+    NOTE (segments): ``token_ids``, ``loss_mask``, ``logprobs`` and ``token_hash`` are the episode's
+    first (for most episodes, only) token sequence; a compacted episode's later sequences are in
+    ``segments``, in order. :meth:`segment_views` gives every sequence as a trajectory of its own.
     """
 
     env_id: str
@@ -364,6 +408,28 @@ class Trajectory:
     timings: Mapping[str, float] = field(default_factory=dict)
     token_hash: str = ""
     error: str = ""
+    stop_reason: str = ""
+    segments: tuple[Segment, ...] = ()
+
+    def segment_views(self) -> list[Trajectory]:
+        """Each token sequence of the episode as a trajectory (the episode itself when not compacted).
+
+        A view carries the episode's reward, status and metrics with one segment's ids, mask, logprobs
+        and receipt, so the learner trains and checks it like any trajectory.
+        """
+        if not self.segments:
+            return [self]
+        first = replace(self, segments=())
+        return [first] + [
+            replace(
+                first,
+                token_ids=s.token_ids,
+                loss_mask=s.loss_mask,
+                logprobs=s.logprobs,
+                token_hash=s.token_hash,
+            )
+            for s in self.segments
+        ]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -373,4 +439,5 @@ class Trajectory:
         data = json.loads(text)
         for key in ("allowed_tools", "messages", "token_ids", "loss_mask", "logprobs"):
             data[key] = tuple(data[key])
+        data["segments"] = tuple(Segment.from_dict(s) for s in data.get("segments", ()))
         return cls(**data)

@@ -1,9 +1,11 @@
 """The thin environment base: turn bookkeeping for every multi-turn tool environment.
 
 A concrete environment supplies tasks, its tools and a verifier; :class:`ToolEnv` does the rest:
-seeded task choice, the tool-set restriction (``options["tools"]``, the curriculum's lever), parsing
-the assistant's raw text, running calls under their timeouts at the one try/except boundary, turning
-the model's mistakes into observations, the turn limit (truncation), and the sparse terminal reward.
+seeded task choice, the tool-set restriction (``options["tools"]``, the curriculum's lever), tools
+that unlock mid-episode (``options["unlocks"]``, :mod:`toolgym.unlocks`), parsing the assistant's
+raw text, running calls under their timeouts at the one try/except boundary, turning the model's
+mistakes into observations, the turn limit (truncation), and the sparse terminal reward. The
+observation and action spaces live in :mod:`toolgym.spaces` (importable from here too).
 
 Episode protocol:
     * ``reset`` returns a system message listing the allowed tools as JSON schemas in the default call
@@ -14,6 +16,11 @@ Episode protocol:
       ``submit``) ends the episode, and so does an ``<answer>...</answer>`` tag or, by default, a turn
       with no tool call at all (its text is the answer). Otherwise the observation is one ``tool``
       message per call or error, and the reward is 0.
+    * ``options["unlocks"]`` (rules, see :mod:`toolgym.unlocks`) withholds tools from the system
+      prompt; when a rule fires at the end of a step, that step's observation ends with one ``user``
+      message holding the new tools' schemas, ``info["unlocked"]`` lists them (``tool``, ``turn``,
+      ``mode``), and the episode's metrics record ``tool/<name>/unlocked_turn`` and ``env/unlocks``.
+      Earlier messages are never changed, so the tokens sampled so far stay exact.
     * The reward is the verifier's, computed once, at the terminal step.
 
 Failures (the rule is in :mod:`toolgym.errors`). :meth:`ToolEnv._run_tool` and
@@ -40,13 +47,11 @@ import asyncio
 import concurrent.futures
 import copy
 import logging
-import string
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import gymnasium
-import numpy as np
 
 from toolgym.core import Message, Score, Task, Tool, Verifier, call_tool, tool_schema
 from toolgym.errors import (
@@ -58,6 +63,8 @@ from toolgym.errors import (
     did_you_mean,
 )
 from toolgym.parsing import ParsedTurn, parse, tools_system_prompt
+from toolgym.spaces import MessagesSpace, TextSpace
+from toolgym.unlocks import UnlockTracker, announcement, check_rules, parse_rules, split_tools
 
 __all__ = ["MessagesSpace", "RetryPolicy", "TextSpace", "ToolEnv"]
 
@@ -66,64 +73,6 @@ _T = TypeVar("_T")
 
 #: Longest tool observation kept; longer outputs are cut with a note saying how much was dropped.
 MAX_OBSERVATION_CHARS = 8_000
-
-
-class MessagesSpace(gymnasium.spaces.Space[list[Message]]):
-    """Observation space: a list of chat messages (dicts with string ``role`` and ``content``)."""
-
-    ROLES = ("system", "user", "assistant", "tool")
-
-    def __init__(self, seed: int | None = None) -> None:
-        super().__init__(shape=None, dtype=None, seed=seed)
-
-    @property
-    def is_np_flattenable(self) -> bool:
-        return False
-
-    def contains(self, x: Any) -> bool:
-        return isinstance(x, list) and all(
-            isinstance(m, dict)
-            and m.get("role") in self.ROLES
-            and isinstance(m.get("content"), str)
-            and all(isinstance(v, str) for v in m.values())
-            for m in x
-        )
-
-    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
-        n = int(self.np_random.integers(1, 3))
-        return [
-            {"role": "tool", "name": "sample", "content": _random_text(self.np_random, 40)} for _ in range(n)
-        ]
-
-    def __repr__(self) -> str:
-        return "MessagesSpace()"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MessagesSpace)
-
-
-class TextSpace(gymnasium.spaces.Space[str]):
-    """Action space: any string up to ``max_length`` characters (the assistant's raw text)."""
-
-    def __init__(self, max_length: int = 1_000_000, seed: int | None = None) -> None:
-        super().__init__(shape=None, dtype=None, seed=seed)
-        self.max_length = max_length
-
-    @property
-    def is_np_flattenable(self) -> bool:
-        return False
-
-    def contains(self, x: Any) -> bool:
-        return isinstance(x, str) and len(x) <= self.max_length
-
-    def sample(self, mask: Any = None, probability: Any = None) -> str:
-        return _random_text(self.np_random, 60)
-
-    def __repr__(self) -> str:
-        return f"TextSpace(max_length={self.max_length})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TextSpace) and other.max_length == self.max_length
 
 
 @dataclass(frozen=True)
@@ -149,12 +98,6 @@ class RetryPolicy:
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (0-based)."""
         return self.backoff_s * 2.0**retry
-
-
-def _random_text(rng: np.random.Generator, max_len: int) -> str:
-    alphabet = string.ascii_letters + string.digits + " .,<>{}\"':"
-    n = int(rng.integers(1, max_len))
-    return "".join(alphabet[i] for i in rng.integers(0, len(alphabet), size=n))
 
 
 class ToolEnv(gymnasium.Env[list[Message], str]):
@@ -202,6 +145,8 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: Task | None = None
         self._tools: dict[str, Tool] = {}
+        self._withheld: dict[str, Tool] = {}  # tools of unlock rules that have not fired yet
+        self._unlocks: UnlockTracker | None = None
         self._history: list[Message] = []
         self._turn = 0
         self._done = True
@@ -263,20 +208,27 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             raise ToolgymError("this environment is closed; make a new one")
         await self.close_episode()
         options = dict(options or {})
-        unknown = sorted(set(options) - {"task_id", "task_index", "tools"})
+        known = ["task_id", "task_index", "tools", "unlocks"]
+        unknown = sorted(set(options) - set(known))
         if unknown:
             raise ConfigError(
-                f"unknown reset option {unknown[0]!r}.{did_you_mean(unknown[0], ['task_id', 'task_index', 'tools'])} "
-                "Known options: task_id, task_index, tools"
+                f"unknown reset option {unknown[0]!r}.{did_you_mean(unknown[0], known)} "
+                f"Known options: {', '.join(known)}"
             )
         self._task = self._choose_task(options)
         tools = {t.name: t for t in await self.episode_tools(self._task)}
-        self._tools = self._restrict(tools, options.get("tools"))
+        allowed = self._restrict(tools, options.get("tools"))
+        rules = parse_rules(options["unlocks"]) if "unlocks" in options else ()
+        check_rules(rules, tools, options.get("tools"), self.max_turns)
+        self._tools, shown, self._withheld = split_tools(rules, tools, allowed)
+        self._unlocks = UnlockTracker(rules) if rules else None
         self._turn, self._done, self._metrics = 0, False, {}
-        schemas = [tool_schema(t) for t in self._tools.values()]
+        if self._unlocks is not None:
+            self._metrics["env/unlocks"] = 0.0
+        schemas = [tool_schema(t) for t in shown.values()]
         obs: list[Message] = [
             {"role": "system", "content": tools_system_prompt(schemas)},
-            *self.demonstration(list(self._tools)),
+            *self.demonstration(list(shown)),
             {"role": "user", "content": self._task.prompt},
         ]
         self._history = copy.deepcopy(obs)
@@ -286,6 +238,8 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             "allowed_tools": list(self._tools),
             "max_turns": self.max_turns,
         }
+        if self._unlocks is not None:
+            info["unlocks"] = [rule.to_dict() for rule in self._unlocks.rules]
         return obs, info
 
     async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
@@ -303,6 +257,8 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         obs: list[Message] = []
         for err in parsed.errors:
             self._count("env/parse_errors")
+            if self._unlocks is not None and err.tool in self._tools:
+                self._unlocks.record(err.tool, ok=False)
             obs.append({"role": "tool", "name": err.tool or "error", "content": err.observation()})
         terminated, answer = False, None
         for call in parsed.calls:
@@ -311,14 +267,21 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             if tool.terminal:
                 terminated, answer = True, _terminal_answer(tool, call.arguments)
                 break
+            errors_before = self._metrics.get(f"tool/{call.name}/errors", 0.0)
             obs.append(
                 {"role": "tool", "name": call.name, "content": await self._run_tool(tool, call.arguments)}
             )
+            if self._unlocks is not None:
+                self._unlocks.record(
+                    call.name, ok=self._metrics.get(f"tool/{call.name}/errors", 0.0) == errors_before
+                )
         if not terminated and not parsed.calls:
             terminated, answer = self._text_answer(parsed)
+        info: dict[str, Any] = {"turn": self._turn}
+        if not terminated and self._turn < self.max_turns:
+            obs.extend(self._fire_unlocks(info))
         self._history.extend(copy.deepcopy(obs))
         reward, truncated = 0.0, False
-        info: dict[str, Any] = {"turn": self._turn}
         if terminated:
             score = await self._ascore(answer)
             reward = float(score.reward)
@@ -397,6 +360,28 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
                     f"unknown tool {name!r} in options['tools'].{did_you_mean(name, tools)} Available: {', '.join(tools)}"
                 )
         return {n: t for n, t in tools.items() if n in set(allowed) or t.terminal}
+
+    def _fire_unlocks(self, info: dict[str, Any]) -> list[Message]:
+        """Unlock the tools whose rules hold after this turn: the announcement, and ``info``/metrics."""
+        if self._unlocks is None:
+            return []
+        due = self._unlocks.due(self._turn)
+        if not due:
+            return []
+        schemas = []
+        for rule in due:
+            tool = self._withheld.pop(rule.tool) if rule.tool in self._withheld else self._tools[rule.tool]
+            self._tools[rule.tool] = tool
+            schemas.append(tool_schema(tool))
+            self._metrics[f"tool/{rule.tool}/unlocked_turn"] = float(self._turn)
+            self._count("env/unlocks")
+            log.debug("turn %d: %s", self._turn, rule.describe())
+        info["unlocked"] = [{"tool": r.tool, "turn": self._turn, "mode": r.mode} for r in due]
+        info["tools"] = schemas
+        info["allowed_tools"] = list(self._tools)
+        # NOTE (token exactness): the schemas arrive as a new message after this step's results; the
+        # system prompt and every earlier message stay as they were, so nothing sampled is re-rendered.
+        return [{"role": "user", "content": announcement(schemas)}]
 
     async def _retrying(self, what: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
         """Run ``attempt``, retrying an :class:`InfraError` per ``self.retry``; then re-raise it.

@@ -17,6 +17,7 @@ from toolgym.agents.evaluate import evaluate
 from toolgym.agents.reverify import RESULT, reverify_run
 from toolgym.agents.specs import policy_factory
 from toolgym.cli import main
+from toolgym.core import SamplingParams
 from toolgym.errors import ConfigError
 
 SEARCH = "toolgym/SearchQA-v0"
@@ -24,7 +25,21 @@ SEARCH = "toolgym/SearchQA-v0"
 
 def _scripted_eval(out: Path, env_id: str = SEARCH, n: int = 3) -> None:
     factory = policy_factory("scripted", env_id=env_id, seed=0, max_model_len=2048)
-    asyncio.run(evaluate(env_id, factory, ["bare", "scaffold"], n=n, seed=0, concurrency=2, out_dir=out))
+    # as `toolgym eval --policy scripted` runs it: the baseline writes whole turns, so no token caps
+    uncapped = SamplingParams(max_tokens=1 << 20, temperature=0.0)
+    asyncio.run(
+        evaluate(
+            env_id,
+            factory,
+            ["bare", "scaffold"],
+            n=n,
+            seed=0,
+            concurrency=2,
+            out_dir=out,
+            sampling=uncapped,
+            max_total_tokens=1 << 30,
+        )
+    )
 
 
 def _edit(path: Path, index: int, edit) -> dict:

@@ -90,16 +90,14 @@ def test_mask_marks_exactly_the_sampled_tokens():
     assert trajectory.loss_mask[first_end] == 0
 
 
-def test_length_cut_turn_is_closed_before_the_next_chunk():
-    trajectory = run(
-        EchoEnv(max_turns=3), ScriptedPolicy([TURNS[0]] * 3), sampling=SamplingParams(max_tokens=12)
-    )
+def test_a_length_cut_turn_is_played_and_ends_sampling():
+    env = EchoEnv(max_turns=3)
+    trajectory = run(env, ScriptedPolicy([TURNS[0]] * 3), sampling=SamplingParams(max_tokens=12))
     ids, mask = trajectory.token_ids, trajectory.loss_mask
-    assert sum(mask) == 36 and trajectory.status == "truncated"
-    assert 257 not in [t for t, m in zip(ids, mask, strict=True) if m]  # the cut turns sampled no end token
-    # ... so the two turns followed by more context are closed by an <|im_end|> with mask 0
-    closes = [i for i in range(1, len(ids)) if ids[i] == 257 and mask[i] == 0 and mask[i - 1] == 1]
-    assert len(closes) == 2
+    assert sum(mask) == 12 and trajectory.status == "truncated" and trajectory.stop_reason == "turn_truncated"
+    assert mask[-12:] == (1,) * 12 and 257 not in ids[-12:]  # the cut turn is the sequence's end
+    # played as sampled (a cut call runs nothing), and nothing sampled after it
+    assert env.calls == 0 and trajectory.metrics["env/turn_truncated"] == 1.0
 
 
 def test_infra_error_marks_the_trajectory_and_scores_nothing():
