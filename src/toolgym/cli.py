@@ -98,10 +98,18 @@ def _parser() -> argparse.ArgumentParser:
         default="cpu",
         help="where a transformers policy runs: cpu, cuda, cuda:1 (vLLM picks its own)",
     )
-    p.add_argument("--max-tokens", type=int, default=96, help="tokens per assistant turn")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="tokens per assistant turn (default 96; uncapped for the model-free scripted policy)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument(
-        "--max-total-tokens", type=int, default=8192, help="token budget of a whole episode (context)"
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="token budget of an episode's context (default 8192; uncapped for the scripted policy)",
     )
     _add_logger_option(p)
     _add_env_options(p)

@@ -111,8 +111,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "its --env, --env-arg, --harness, --n and --seed"
             )
     model_free = spec.model_free
+    # model-free policies write whole turns (a long submit list) in byte tokens: no caps unless given
+    max_tokens = args.max_tokens if args.max_tokens is not None else (1 << 20 if model_free else 96)
+    max_total = (
+        args.max_total_tokens if args.max_total_tokens is not None else (1 << 30 if model_free else 8192)
+    )
     factory = policy_factory(
-        spec, env_id=args.env, seed=args.seed, max_model_len=args.max_total_tokens, device=args.device
+        spec, env_id=args.env, seed=args.seed, max_model_len=max_total, device=args.device
     )
     bar = progress_bar()
     progress = bar_updater(bar, bar.add_task(f"eval {args.env}", total=None))
@@ -127,13 +132,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 n=args.n,
                 seed=args.seed,
                 concurrency=args.concurrency,
-                # model-free policies write whole turns (a long submit list) in byte tokens: no caps
-                sampling=SamplingParams(
-                    max_tokens=args.max_tokens if not model_free else 1 << 20,
-                    temperature=args.temperature,
-                    seed=args.seed,
-                ),
-                max_total_tokens=args.max_total_tokens if not model_free else 1 << 30,
+                sampling=SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed),
+                max_total_tokens=max_total,
                 out_dir=args.out,
                 env_kwargs=env_kwargs,
                 progress=progress,
@@ -164,7 +164,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_row(
             t.harness,
             f"{t.success:.3f}",
-            *[f"{t.metrics.get(k, 0.0):.3f}" for k in reward_keys],
+            *[
+                f"{t.metrics.get(k, float(k == 'episode/segments')):.3f}" for k in reward_keys
+            ],  # uncompacted: 1
             f"{t.tool_calls:.2f}",
             f"{t.tokens:.0f}",
             f"{t.seconds:.1f}",
