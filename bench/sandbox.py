@@ -1,22 +1,30 @@
-"""Sandbox latency and throughput: warm pool + exec versus ``containers.run`` per call, side by side.
+"""Sandbox latency and throughput: resident runner vs one exec per call vs ``containers.run``, side by side.
 
-Both paths run the same snippet with the same hardening (the sandbox's own host configuration), in
-alternation within one process, so machine load affects both alike. Then throughput of one-shot runs
-through the warm pool with 1, 2 and 4 worker threads.
+Three ways to run the same snippet with the same hardening (the sandbox's own host configuration), in
+alternation within one process so that machine load affects all alike: ``containers.run`` per call;
+today's exec path (``DockerSandbox(one_shot="exec")``: a warm container, one ``docker exec``, the
+container thrown away); the resident runner (``one_shot="resident"``, the default: a fresh worker
+process per call over the runner's stream, containers reused after clean-up). Then throughput of
+one-shot runs with 1, 2 and 4 worker threads on both sandbox paths, and the hidden-test verification
+of one HumanEval task (CodeExec's verifier, reference solution) through each sandbox.
 
-    python bench/sandbox.py --calls 20 --throughput-calls 24
+    python bench/sandbox.py --calls 40 --throughput-calls 48
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from toolgym.core import Task
+from toolgym.envs.code_exec import load_tasks, reference_code
+from toolgym.envs.code_verifier import HiddenTestVerifier
 from toolgym.tools.sandbox import SANDBOX_USER, DockerSandbox
 
 SNIPPET = "import json\nprint(json.dumps(sum(i * i for i in range(1000))))"
+TASK = "HumanEval/0"
 
 
 def cold_run(sandbox: DockerSandbox) -> float:
@@ -37,7 +45,7 @@ def cold_run(sandbox: DockerSandbox) -> float:
     return elapsed
 
 
-def warm_run(sandbox: DockerSandbox) -> float:
+def one_shot(sandbox: DockerSandbox) -> float:
     start = time.perf_counter()
     result = sandbox.run(SNIPPET, timeout=30)
     elapsed = time.perf_counter() - start
@@ -45,44 +53,94 @@ def warm_run(sandbox: DockerSandbox) -> float:
     return elapsed
 
 
+def verify(verifier: HiddenTestVerifier, task: Task, code: str) -> float:
+    start = time.perf_counter()
+    score = verifier.score(task, code)
+    elapsed = time.perf_counter() - start
+    assert score.reward == 1.0, score
+    return elapsed
+
+
+def throughput(run: Callable[[], float], workers: int, calls: int) -> float:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda _: run(), range(calls)))
+    return calls / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20, help="latency samples per path")
-    parser.add_argument("--throughput-calls", type=int, default=24, help="runs per worker count")
+    parser.add_argument("--calls", type=int, default=40, help="latency samples per path")
+    parser.add_argument("--throughput-calls", type=int, default=48, help="runs per worker count and path")
+    parser.add_argument("--verify-calls", type=int, default=10, help="HumanEval verifications per path")
     parser.add_argument("--pool-size", type=int, default=4)
     args = parser.parse_args()
 
-    with DockerSandbox(pool_size=args.pool_size) as sandbox:
-        time.sleep(3)  # let the pool fill
-        cold_run(sandbox), warm_run(sandbox)  # warm-up: image cache, first exec
-        cold, warm = [], []
+    with (
+        DockerSandbox(pool_size=args.pool_size, one_shot="exec") as old,
+        DockerSandbox(pool_size=args.pool_size, one_shot="resident") as new,
+    ):
+        time.sleep(3)  # let the pools fill
+        cold_run(old), one_shot(old), one_shot(new)  # warm-up: image cache, first exec, first runner
+        cold: list[float] = []
+        exec_: list[float] = []
+        resident: list[float] = []
         for _ in range(args.calls):
-            cold.append(cold_run(sandbox))
+            cold.append(cold_run(old))
+            exec_.append(one_shot(old))
             time.sleep(0.3)  # give the pool time to replace the container just used
-            warm.append(warm_run(sandbox))
-            time.sleep(0.3)
-        cold_med, warm_med = statistics.median(cold), statistics.median(warm)
-        print(f"latency, median of {args.calls} calls each (same snippet, same hardening):")
+            resident.append(one_shot(new))
+        print(f"latency of one trivial snippet, {args.calls} calls per path in alternation (same hardening):")
+        for name, values in (
+            ("containers.run per call", cold),
+            ("exec path (one_shot='exec')", exec_),
+            ("resident runner (default)", resident),
+        ):
+            print(
+                f"  {name:29s}: p50 {_q(values, 0.5):7.1f} ms  (p10 {_q(values, 0.1):.1f}, p90 {_q(values, 0.9):.1f})"
+            )
         print(
-            f"  containers.run per call : {cold_med * 1000:7.1f} ms  (p10 {_q(cold, 0.1):.0f}, p90 {_q(cold, 0.9):.0f})"
+            f"  speed-up (cold / warm)       : {_q(cold, 0.5) / _q(exec_, 0.5):7.2f}x  (containers.run / exec path)"
         )
         print(
-            f"  warm pool + exec        : {warm_med * 1000:7.1f} ms  (p10 {_q(warm, 0.1):.0f}, p90 {_q(warm, 0.9):.0f})"
+            f"  speed-up (exec / resident)   : {_q(exec_, 0.5) / _q(resident, 0.5):7.2f}x  (p50; goal: resident <= 15 ms)"
         )
-        print(f"  speed-up (cold / warm)  : {cold_med / warm_med:7.2f}x")
-        print(f"throughput of one-shot runs through the warm pool ({args.throughput_calls} runs each):")
-        base = None
+
+        print(f"throughput of one-shot runs ({args.throughput_calls} runs per row):")
+        rates: dict[tuple[str, int], float] = {}
         for workers in (1, 2, 4):
-            time.sleep(3)
-            start = time.perf_counter()
-            with ThreadPoolExecutor(workers) as pool:
-                list(pool.map(lambda _: warm_run(sandbox), range(args.throughput_calls)))
-            rate = args.throughput_calls / (time.perf_counter() - start)
-            base = base or rate
-            print(f"  {workers} worker(s): {rate:6.2f} runs/s  ({rate / base:.2f}x of 1 worker)")
+            for name, box in (("exec", old), ("resident", new)):
+                time.sleep(3)  # the pool refills
+                rates[name, workers] = throughput(lambda b=box: one_shot(b), workers, args.throughput_calls)
+            ratio = rates["resident", workers] / rates["exec", workers]
+            print(
+                f"  {workers} worker(s): exec {rates['exec', workers]:6.2f} runs/s, resident "
+                f"{rates['resident', workers]:6.2f} runs/s  ({ratio:.2f}x)"
+            )
+        print(
+            f"  resident at 4 workers / exec at 4 workers: {rates['resident', 4] / rates['exec', 4]:.2f}x (goal >= 3x)"
+        )
+
+        task = next(t for t in load_tasks("humaneval") if t.id == TASK)
+        code = reference_code(TASK)
+        verifiers = {"exec": HiddenTestVerifier(old), "resident": HiddenTestVerifier(new)}
+        timings: dict[str, list[float]] = {name: [] for name in verifiers}
+        for verifier in verifiers.values():
+            verify(verifier, task, code)  # warm-up
+        for _ in range(args.verify_calls):  # in alternation, like the latency rows
+            for name, verifier in verifiers.items():
+                timings[name].append(verify(verifier, task, code))
+        print(
+            f"hidden-test verification of {TASK} (reference solution, {args.verify_calls} runs per sandbox,"
+            " in alternation; the trusted harness gets a never-used container and one exec on both):"
+        )
+        for name, values in timings.items():
+            print(f"  {name:8s} sandbox: p50 {_q(values, 0.5):7.1f} ms")
+        print(f"  exec / resident: {_q(timings['exec'], 0.5) / _q(timings['resident'], 0.5):.2f}x")
 
 
 def _q(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (seconds), in milliseconds."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 

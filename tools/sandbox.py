@@ -15,11 +15,23 @@ time limit or its owner, or to tamper with the trusted harness that scores it. T
 * a container ends itself at its deadline (PID 1 is a ``sleep`` of its lifetime), and the reaper of
   :mod:`toolgym.tools.sandbox_reaper` removes leftovers of dead processes;
 * a container that stops while something runs in it was stopped from outside (the code cannot reach
-  PID 1): that is a :class:`~toolgym.errors.SandboxError`, never a result.
+  PID 1): that is a :class:`~toolgym.errors.SandboxError`, never a result;
+* a container reused for one-shot runs keeps nothing of one run for the next (see Latency); the
+  runner and its zygote run as root (different uid, not dumpable), so the code can neither signal,
+  trace nor read them, and the zygote never holds a run's code, input or output.
 
-Latency. A container start costs hundreds of ms. A warm pool keeps a few started containers idle; a
-one-shot :meth:`DockerSandbox.run` takes one, runs the code through ``exec``, and throws the container
-away; a background thread starts a replacement. A container is never reused by a second run.
+Latency. A container start costs hundreds of ms and a ``docker exec`` tens. A warm pool keeps a few
+started containers idle. A one-shot :meth:`DockerSandbox.run` (``one_shot="resident"``, the default)
+goes to a resident runner (:mod:`toolgym.tools.sandbox_resident`): a trusted program started with one
+exec in a container, which runs each call in a fresh interpreter forked from a pre-imported zygote,
+as the sandbox user, over the exec's attached stream: no exec per call. A container then serves
+further one-shot calls, but only after the runner has killed every process of the sandbox user and
+emptied ``/work``, ``/tmp``, ``/dev/shm``, ``/dev/mqueue`` and the IPC namespace; a timeout, output
+flood or failed clean-up retires it (as do half its lifetime and ``MAX_RUNS`` calls). Up to
+``pool_size`` such containers are kept idle besides the warm pool; with ``pool_size=0`` each run
+starts a container and a runner and throws both away. ``one_shot="exec"`` is the earlier path: one
+exec per call in a never-used container, thrown away after. Harness runs and sessions always get a
+never-used container.
 
 Sessions. :meth:`DockerSandbox.session` keeps one container for an episode. Interpreter state survives
 across :meth:`SandboxSession.run` calls: a server process inside the container holds the globals, and
@@ -35,18 +47,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import logging
-import math
 import queue
 import threading
 import time
 import uuid
-from importlib import resources
 from typing import Any
 
 from toolgym.errors import SandboxError
-from toolgym.tools.sandbox_exec import Box, ExecResult, exec_in
+from toolgym.tools.sandbox_exec import Box, ExecResult, cpu_seconds, exec_in, program_source
 from toolgym.tools.sandbox_policy import (
     HARNESS_USER,
     SANDBOX_USER,
@@ -65,6 +74,8 @@ from toolgym.tools.sandbox_reaper import (
     reap_containers,
     reap_forever,
 )
+from toolgym.tools.sandbox_resident import ResidentRunner
+from toolgym.tools.sandbox_session import SandboxSession
 
 __all__ = [
     "DEADLINE_LABEL",
@@ -90,21 +101,6 @@ log = logging.getLogger(__name__)
 
 #: Image used when none is given; built by ``toolgym sandbox build``.
 DEFAULT_IMAGE = "toolgym-sandbox:1"
-_SOCKET_PATH = WORKDIR + "/.session.sock"
-
-
-@functools.cache
-def program_source(package: str, name: str) -> str:
-    """The text of in-container program ``name`` shipped in ``package`` (e.g. ``sandbox_programs/boot``)."""
-    return (resources.files(package) / f"{name}.py").read_text(encoding="utf-8")
-
-
-def _cpu_seconds(timeout: float, cpu_time_s: float | None) -> int:
-    if timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    if cpu_time_s is not None and cpu_time_s <= 0:
-        raise ValueError(f"cpu_time_s must be > 0 seconds, got {cpu_time_s}")
-    return max(1, math.ceil(timeout if cpu_time_s is None else cpu_time_s))
 
 
 class DockerSandbox:
@@ -118,9 +114,12 @@ class DockerSandbox:
         workdir_mb: size of the ``/work`` tmpfs (``/tmp`` gets a quarter of it).
         file_mb: largest file any process may write (``RLIMIT_FSIZE``).
         max_output_bytes: cap on captured stdout + stderr; past it the run is stopped.
-        pool_size: warm containers kept ready for one-shot runs (0 disables the pool).
+        pool_size: warm containers kept ready (0 disables the pool), and the most idle resident
+            runners kept for further one-shot runs.
         container_ttl_s: lifetime of a container: it stops itself then, whoever owns it. Pool
             containers are replaced at half of it, so a run or session gets at least the other half.
+        one_shot: how :meth:`run` runs code: ``"resident"`` (a resident runner, containers reused
+            after clean-up) or ``"exec"`` (one exec in a never-used container per run).
     """
 
     def __init__(
@@ -135,7 +134,10 @@ class DockerSandbox:
         max_output_bytes: int = 1 << 20,
         pool_size: int = 2,
         container_ttl_s: float = 3600.0,
+        one_shot: str = "resident",
     ) -> None:
+        if one_shot not in ("resident", "exec"):
+            raise ValueError(f"one_shot must be 'resident' or 'exec', got {one_shot!r}")
         if (
             memory_mb < 32
             or pids < 8
@@ -172,6 +174,9 @@ class DockerSandbox:
         self.max_output_bytes = max_output_bytes
         self.pool_size = pool_size
         self.container_ttl_s = container_ttl_s
+        self.one_shot = one_shot
+        self._idle: list[ResidentRunner] = []  # resident runners ready for a call, newest last
+        self._idle_lock = threading.Lock()
         self.owner = owner_label()
         self.instance = uuid.uuid4().hex[:12]
         self._removers: list[threading.Thread] = []
@@ -203,7 +208,7 @@ class DockerSandbox:
     def run(
         self, code: str, *, timeout: float, stdin: str = "", cpu_time_s: float | None = None
     ) -> ExecResult:
-        """Run ``code`` as a fresh program in a fresh container; the container is discarded after.
+        """Run ``code`` as a fresh program as the sandbox user (see the module docstring's Latency).
 
         Args:
             code: Python source, run as ``__main__`` by the sandbox user.
@@ -215,8 +220,17 @@ class DockerSandbox:
         Raises:
             SandboxError: the engine or container failed (not the code: its failures are flags).
         """
-        cpu = _cpu_seconds(timeout, cpu_time_s)
+        cpu = cpu_seconds(timeout, cpu_time_s)
         src = code.encode("utf-8")
+        if self.one_shot == "resident":
+            runner = self._take_runner()
+            try:
+                return runner.call(
+                    src, stdin.encode("utf-8"), cpu_s=cpu, timeout=timeout, cap=self.max_output_bytes,
+                    file_limit_mb=self.file_mb,
+                )  # fmt: skip
+            finally:
+                self._give_back(runner)
         payload = str(len(src)).encode() + b"\n" + src + stdin.encode("utf-8")
         box = self._take()
         try:
@@ -270,6 +284,11 @@ class DockerSandbox:
             except queue.Empty:
                 break
             self._remove(box.container)
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for runner in idle:
+            runner.close()
+            self._remove(runner.box.container)
         self.wait_removals()
         # Final sweep through the engine, not memory: whatever carries this instance's label goes.
         with contextlib.suppress(self._errors.DockerException, OSError):
@@ -323,6 +342,44 @@ class DockerSandbox:
             if time.time() - box.created < self.container_ttl_s / 2:
                 return box
             self._discard(box)
+
+    def _take_runner(self) -> ResidentRunner:
+        """An idle resident runner young enough, or a new one in a container from :meth:`_take`."""
+        while True:
+            with self._idle_lock:
+                runner = self._idle.pop() if self._idle else None
+            if runner is None:
+                break
+            try:
+                usable = runner.settle() and time.time() - runner.box.created < self.container_ttl_s / 2
+            except SandboxError:
+                usable = False
+            if usable:
+                return runner
+            self._retire(runner)
+        box = self._take()
+        try:
+            return ResidentRunner.start(
+                self.client,
+                box,
+                program_source("toolgym.tools", "sandbox_programs/resident"),
+                program_source("toolgym.tools", "sandbox_programs/boot"),
+            )
+        except SandboxError:
+            self._discard(box)
+            raise
+
+    def _give_back(self, runner: ResidentRunner) -> None:
+        with self._idle_lock:
+            keep = runner.reusable and not self._closed.is_set() and len(self._idle) < self.pool_size
+            if keep:
+                self._idle.append(runner)
+        if not keep:
+            self._retire(runner)
+
+    def _retire(self, runner: ResidentRunner) -> None:
+        runner.close()
+        self._discard(runner.box)
 
     def _discard(self, box: Box) -> None:
         thread = threading.Thread(target=self._remove, args=(box.container,), daemon=True)
@@ -388,74 +445,6 @@ class DockerSandbox:
             cpu_limit_s=cpu_limit_s,
             file_limit_mb=self.file_mb,
         )
-
-
-class SandboxSession:
-    """One container for one episode; ``run`` keeps interpreter state (see the module docstring)."""
-
-    def __init__(self, sandbox: DockerSandbox) -> None:
-        self.sandbox = sandbox
-        self._box: Box | None = None
-        self._closed = False
-        self.restarts = 0
-
-    def _ensure(self) -> Box:
-        if self._closed:
-            raise SandboxError("this sandbox session is closed")
-        if self._box is None:
-            box = self.sandbox._take()
-            api = self.sandbox.client.api
-            server = program_source("toolgym.tools", "sandbox_programs/repl_server")
-            try:
-                exec_id = api.exec_create(
-                    box.container.id,
-                    ["python3", "-c", server, _SOCKET_PATH],
-                    user=SANDBOX_USER,
-                    workdir=WORKDIR,
-                )["Id"]
-                api.exec_start(exec_id, detach=True)
-            except (self.sandbox._errors.DockerException, OSError) as exc:
-                self.sandbox._discard(box)
-                raise SandboxError(f"could not start the session interpreter: {exc}") from exc
-            self._box = box
-        return self._box
-
-    def run(self, code: str, *, timeout: float, cpu_time_s: float | None = None) -> ExecResult:
-        """Run one cell; the value of a final bare expression is printed, as in a REPL.
-
-        ``cpu_time_s`` (default: ``timeout``) is the CPU time the cell may use, threads it leaves
-        running included; a cell stopped by it keeps the interpreter's state. A timeout, output flood
-        or lost interpreter kills the container: the next call starts from a fresh interpreter.
-        """
-        cpu = _cpu_seconds(timeout, cpu_time_s)
-        box = self._ensure()
-        client = program_source("toolgym.tools", "sandbox_programs/repl_client")
-        cmd = ["python3", "-c", client, _SOCKET_PATH, str(cpu)]
-        try:
-            result = self.sandbox._exec(box, cmd, code.encode("utf-8"), timeout, cpu_limit_s=cpu)
-        except SandboxError:
-            self._box = None
-            self.sandbox._discard(box)
-            raise
-        if result.timed_out or result.output_truncated or result.oom_killed or result.exit_code == 124:
-            # The interpreter (and its state) is gone or untrustworthy: start over next time.
-            self.restarts += 1
-            self.sandbox._discard(box)
-            self._box = None
-        return result
-
-    def close(self) -> None:
-        """Remove the container. Idempotent."""
-        self._closed = True
-        if self._box is not None:
-            self.sandbox._discard(self._box)
-            self._box = None
-
-    def __enter__(self) -> SandboxSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def new_nonce() -> str:

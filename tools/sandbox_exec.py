@@ -10,22 +10,37 @@ kills the container, while separate threads drain output and feed stdin. (Killin
 thread would block until the API call's own timeout, because the reader owns the stream the kill must
 close.) An exec that ends by a signal in a container that is no longer running was stopped from
 outside (the code cannot reach PID 1): that raises :class:`~toolgym.errors.SandboxError`.
+
+Also here, shared by every path: :class:`ExecResult`, :func:`program_source` (the text of an
+in-container program) and :func:`cpu_seconds` (a run's CPU-time limit).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import socket
 import struct
 import threading
 import time
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from toolgym.errors import SandboxError
 from toolgym.tools.sandbox_policy import SANDBOX_USER, WORKDIR
 
-__all__ = ["EXIT_CPU_LIMIT", "EXIT_FILE_LIMIT", "Box", "ExecResult", "Output", "exec_in"]
+__all__ = [
+    "EXIT_CPU_LIMIT",
+    "EXIT_FILE_LIMIT",
+    "Box",
+    "ExecResult",
+    "Output",
+    "cpu_seconds",
+    "exec_in",
+    "program_source",
+]
 
 #: Exit statuses (128 + signal) that the in-container programs use for the CPU-time and file size limits.
 EXIT_CPU_LIMIT, EXIT_FILE_LIMIT = 152, 153
@@ -74,6 +89,21 @@ class Box:
 
     container: Any
     created: float
+
+
+@functools.cache
+def program_source(package: str, name: str) -> str:
+    """The text of in-container program ``name`` shipped in ``package`` (e.g. ``sandbox_programs/boot``)."""
+    return (resources.files(package) / f"{name}.py").read_text(encoding="utf-8")
+
+
+def cpu_seconds(timeout: float, cpu_time_s: float | None) -> int:
+    """The whole CPU seconds a run may use: ``cpu_time_s`` rounded up, or the ``timeout`` when ``None``."""
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    if cpu_time_s is not None and cpu_time_s <= 0:
+        raise ValueError(f"cpu_time_s must be > 0 seconds, got {cpu_time_s}")
+    return max(1, math.ceil(timeout if cpu_time_s is None else cpu_time_s))
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes | None:

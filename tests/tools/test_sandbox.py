@@ -107,11 +107,14 @@ def test_runs_as_nobody_in_workdir(sandbox: DockerSandbox) -> None:
 
 
 @pytest.mark.docker
-def test_warm_pool_runs_each_container_once(pooled: DockerSandbox) -> None:
-    hostnames = {
-        pooled.run("import socket; print(socket.gethostname())", timeout=10).stdout for _ in range(4)
-    }
-    assert len(hostnames) == 4
+def test_warm_pool_runs_each_container_once_on_the_exec_path() -> None:
+    # The resident path reuses containers after clean-up: test_sandbox_resident.py.
+    _need_docker()
+    with DockerSandbox(pool_size=2, one_shot="exec") as pooled:
+        hostnames = {
+            pooled.run("import socket; print(socket.gethostname())", timeout=10).stdout for _ in range(4)
+        }
+    assert len(hostnames) == 4 and _mine(pooled) == []
 
 
 @pytest.mark.docker

@@ -1,0 +1,91 @@
+"""Sessions: one container for one episode, interpreter state kept across cells.
+
+A server process inside the container (``sandbox_programs/repl_server.py``, run by the sandbox user)
+holds the globals; each cell is a short ``exec`` client (``repl_client.py``) that hands the server its
+stdout/stderr (``SCM_RIGHTS``), so output streams back exactly like a one-shot run. A timeout or output
+flood kills the container; the session then starts over in a fresh one (the result says the state was
+lost). See :mod:`toolgym.tools.sandbox` for the threat model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolgym.errors import SandboxError
+from toolgym.tools.sandbox_exec import Box, ExecResult, cpu_seconds, program_source
+from toolgym.tools.sandbox_policy import SANDBOX_USER, WORKDIR
+
+if TYPE_CHECKING:
+    from toolgym.tools.sandbox import DockerSandbox
+
+__all__ = ["SandboxSession"]
+
+_SOCKET_PATH = WORKDIR + "/.session.sock"
+
+
+class SandboxSession:
+    """One container for one episode; ``run`` keeps interpreter state (see the module docstring)."""
+
+    def __init__(self, sandbox: DockerSandbox) -> None:
+        self.sandbox = sandbox
+        self._box: Box | None = None
+        self._closed = False
+        self.restarts = 0
+
+    def _ensure(self) -> Box:
+        if self._closed:
+            raise SandboxError("this sandbox session is closed")
+        if self._box is None:
+            box = self.sandbox._take()
+            api = self.sandbox.client.api
+            server = program_source("toolgym.tools", "sandbox_programs/repl_server")
+            try:
+                exec_id = api.exec_create(
+                    box.container.id,
+                    ["python3", "-c", server, _SOCKET_PATH],
+                    user=SANDBOX_USER,
+                    workdir=WORKDIR,
+                )["Id"]
+                api.exec_start(exec_id, detach=True)
+            except (self.sandbox._errors.DockerException, OSError) as exc:
+                self.sandbox._discard(box)
+                raise SandboxError(f"could not start the session interpreter: {exc}") from exc
+            self._box = box
+        return self._box
+
+    def run(self, code: str, *, timeout: float, cpu_time_s: float | None = None) -> ExecResult:
+        """Run one cell; the value of a final bare expression is printed, as in a REPL.
+
+        ``cpu_time_s`` (default: ``timeout``) is the CPU time the cell may use, threads it leaves
+        running included; a cell stopped by it keeps the interpreter's state. A timeout, output flood
+        or lost interpreter kills the container: the next call starts from a fresh interpreter.
+        """
+        cpu = cpu_seconds(timeout, cpu_time_s)
+        box = self._ensure()
+        client = program_source("toolgym.tools", "sandbox_programs/repl_client")
+        cmd = ["python3", "-c", client, _SOCKET_PATH, str(cpu)]
+        try:
+            result = self.sandbox._exec(box, cmd, code.encode("utf-8"), timeout, cpu_limit_s=cpu)
+        except SandboxError:
+            self._box = None
+            self.sandbox._discard(box)
+            raise
+        if result.timed_out or result.output_truncated or result.oom_killed or result.exit_code == 124:
+            # The interpreter (and its state) is gone or untrustworthy: start over next time.
+            self.restarts += 1
+            self.sandbox._discard(box)
+            self._box = None
+        return result
+
+    def close(self) -> None:
+        """Remove the container. Idempotent."""
+        self._closed = True
+        if self._box is not None:
+            self.sandbox._discard(self._box)
+            self._box = None
+
+    def __enter__(self) -> SandboxSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
