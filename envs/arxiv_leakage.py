@@ -18,6 +18,9 @@ train / 13 test tasks (49 groups of one paper each: no two sample papers copy ea
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Iterable
+
 from toolgym.core import Task
 from toolgym.splits import SplitItem, assign_splits, label_tasks
 from toolgym.tools.paper_collection import Collection, UnionFind
@@ -44,6 +47,40 @@ def _later(date: tuple[int, int, int] | None, limit: tuple[int, int, int] | None
     return False
 
 
+class _LaterIndex:
+    """The records dated after a given date, by :func:`_later`'s rule, without scanning every record.
+
+    Records are bucketed by year, year-month and year-month-day; a query takes the buckets after its
+    date (a sorted key list and a bisection per level), so its cost is the size of its answer.
+    """
+
+    def __init__(self, dated: Iterable[tuple[str, tuple[int, int, int] | None]]) -> None:
+        self.levels: list[dict[tuple[int, ...], list[str]]] = [{}, {}, {}]
+        for cid, date in dated:
+            if date is None:
+                continue
+            for depth in range(3):
+                if date[depth] == 0:
+                    break
+                self.levels[depth].setdefault(date[: depth + 1], []).append(cid)
+        self.keys = [sorted(level) for level in self.levels]
+
+    def after(self, limit: tuple[int, int, int] | None) -> set[str]:
+        out: set[str] = set()
+        if limit is None:
+            return out
+        for depth in range(3):
+            if limit[depth] == 0:
+                break
+            # Keys sharing the limit's prefix and larger at this level: later at this precision.
+            prefix, keys = limit[:depth], self.keys[depth]
+            for key in keys[bisect_right(keys, limit[: depth + 1]) :]:
+                if key[:depth] != prefix:
+                    break
+                out.update(self.levels[depth][key])
+        return out
+
+
 def banned_ids(
     collection: Collection,
     *,
@@ -57,11 +94,12 @@ def banned_ids(
     """
     if dups is None:
         dups = near_duplicates(collection, threshold=near_duplicate_threshold)
+    later = _LaterIndex((r.id, r.date) for r in collection.records.values()) if date_filter else None
     out = {}
     for paper in collection.papers:
         ban = {collection.paper_ids[paper.paper_id]} | dups[paper.paper_id]
-        if date_filter:
-            ban |= {r.id for r in collection.records.values() if _later(r.date, paper.date)}
+        if later is not None:
+            ban |= later.after(paper.date)
         out[paper.paper_id] = ban
     return out
 

@@ -16,9 +16,10 @@ The parts, one module each (every public name is re-exported here):
 - :mod:`toolgym.tools.papers`: the corpus format, the de-duplicated collection, near-duplicates.
 
 Anti-leak on one shared index: ``search_papers`` over-fetches ``k`` plus the number of the task's
-banned ids from the shared index and drops banned hits, so it still returns ``k`` allowed results
-without a per-task index; ``read_paper`` answers a banned id exactly like an unknown one.
-Bibliography-only records are shown as parsed fields, never as the citing string.
+banned ids (at most the index's largest ``k``, :data:`toolgym.tools.index.MAX_K`) from the shared
+index and drops banned hits, so it returns ``k`` allowed results without a per-task index;
+``read_paper`` answers a banned id exactly like an unknown one. Bibliography-only records are shown
+as parsed fields, never as the citing string; collection records (``collection=``) as given.
 
 Decisions: collection ids are 10 hex digits (stable, copyable by a small model); the collection,
 tasks and index are built once per configuration per process.
@@ -62,6 +63,7 @@ from toolgym.splits import check_split, select_split
 from toolgym.tools.paper_collection import Collection, PaperRecord, build_collection
 from toolgym.tools.paper_copies import near_duplicates
 from toolgym.tools.paper_corpus import default_corpus_path, load_papers
+from toolgym.tools.paper_records import load_records
 
 __all__ = [
     "DEFAULT_FALLBACK",
@@ -96,20 +98,63 @@ _SHARED: dict[tuple[Any, ...], _Shared] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def _shared(corpus: Path, backend: str, rule: ContextRule, date_filter: bool, threshold: float) -> _Shared:
-    key = (str(corpus.resolve()), corpus.stat().st_mtime_ns, backend, rule, date_filter, threshold)
+def _no_tasks(corpus: Path, rule: ContextRule, stats: dict[str, int]) -> ConfigError:
+    """Why no task came out of ``corpus``, with the counts that show it."""
+    if stats["markers"] == 0:
+        return ConfigError(f"{corpus}: no paper has a cited context under the section rule {rule}")
+    if stats["markers_linked"] == 0:
+        return ConfigError(
+            f"{corpus}: none of the {stats['markers']} citation markers in the chosen contexts links to a "
+            "bibliography entry (a {{cite:<ref_id>}} marker or cite_span ref_id must be a key of the "
+            "paper's bib_entries)"
+        )
+    return ConfigError(
+        f"{corpus}: every cited reference is hidden by the anti-leak rules ({stats['markers_linked']} linked "
+        f"markers, {stats['gold_unreachable']} cited records banned: the query paper itself, its copies, "
+        "or dated after it; date_filter=False keeps later ones)"
+    )
+
+
+def _shared(
+    corpus: Path,
+    collection_path: Path | None,
+    backend: str,
+    rule: ContextRule,
+    date_filter: bool,
+    threshold: float,
+) -> _Shared:
+    key = (
+        str(corpus.resolve()),
+        corpus.stat().st_mtime_ns,
+        str(collection_path.resolve()) if collection_path else None,
+        collection_path.stat().st_mtime_ns if collection_path else None,
+        backend,
+        rule,
+        date_filter,
+        threshold,
+    )
     with _SHARED_LOCK:
         if key not in _SHARED:
             from toolgym.tools.index import build_index
 
-            collection = build_collection(load_papers(corpus))
+            papers = load_papers(corpus)
+            given = load_records(collection_path) if collection_path else []
+            collection = build_collection(papers, given)
+            if given and collection.given_linked == 0:
+                counts = collection.counts()
+                raise ConfigError(
+                    f"{collection_path}: none of its {len(given)} records is linked to any of the "
+                    f"{counts['bib_entries']} bibliography entries of the {len(papers)} papers of {corpus} "
+                    "(links are by arXiv id, DOI, OpenAlex id, then normalised title of >= 3 words); "
+                    "check that the two files describe the same papers"
+                )
             dups = near_duplicates(collection, threshold=threshold)
             banned = banned_ids(
                 collection, date_filter=date_filter, near_duplicate_threshold=threshold, dups=dups
             )
             tasks, stats = build_tasks(collection, rule, banned)
             if not tasks:
-                raise ConfigError(f"{corpus}: no paper has a cited context under the section rule {rule}")
+                raise _no_tasks(corpus, rule, stats)
             tasks = label_splits(collection, tasks, dups)
             index = build_index((r.index_doc() for r in collection.records.values()), backend=backend)
             _SHARED[key] = _Shared(collection, tasks, stats, banned, index)
@@ -134,6 +179,11 @@ def _render_paper(record: PaperRecord) -> str:
         lines.append(f"arXiv: {', '.join(record.arxiv_ids)}")
     if record.dois:
         lines.append(f"DOI: {', '.join(record.dois)}")
+    if record.openalex_ids:
+        lines.append(f"OpenAlex: {', '.join(record.openalex_ids)}")
+    lines += [f"{kind}: {value}" for kind, value in record.other_ids]
+    if record.venue:
+        lines.append(f"venue: {record.venue}")
     if record.details:
         lines.append(f"reference details: {record.details}")
     if record.abstract:
@@ -150,6 +200,9 @@ class ArxivRefsEnv(ToolEnv):
     Args:
         corpus: a JSONL(.gz) corpus in the format of :mod:`toolgym.tools.paper_corpus`; default: the
             packaged unarXive sample (49 papers).
+        collection: optional JSONL(.gz) of collection records (papers to search that are not query
+            papers: id, title, abstract, authors, year/date, venue, ids), format of
+            :mod:`toolgym.tools.paper_records`; linked to bibliography entries by id, then title.
         backend: search backend for :func:`toolgym.tools.index.build_index`.
         sections, fallback_sections, max_context_chars: the context rule (:class:`ContextRule`).
         date_filter: hide records dated after the query paper.
@@ -168,6 +221,7 @@ class ArxivRefsEnv(ToolEnv):
         self,
         corpus: str | Path | None = None,
         *,
+        collection: str | Path | None = None,
         backend: str = "default",
         sections: str = DEFAULT_SECTIONS,
         fallback_sections: str = DEFAULT_FALLBACK,
@@ -188,7 +242,12 @@ class ArxivRefsEnv(ToolEnv):
             raise ConfigError(
                 f"{path}: no such corpus file (JSONL in the unarXive format, see environments.md)"
             )
-        self._shared = _shared(path, backend, rule, date_filter, near_duplicate_threshold)
+        records = Path(collection) if collection is not None else None
+        if records is not None and not records.is_file():
+            raise ConfigError(
+                f"{records}: no such collection file (JSONL, one record per line; see environments.md)"
+            )
+        self._shared = _shared(path, records, backend, rule, date_filter, near_duplicate_threshold)
         self.collection = self._shared.collection
         self.selection = select_split(self._shared.tasks, split)
         self.split = split
@@ -216,8 +275,12 @@ class ArxivRefsEnv(ToolEnv):
         """The ``k`` best allowed records for ``query`` (over-fetch by the number of banned ids, then drop them)."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ToolCallError(f"k must be an integer from 1 to {MAX_K}, got {k!r}")
+        from toolgym.tools.index import MAX_K as INDEX_MAX_K
+
         banned = self.banned_for(task)
-        fetch = min(k + len(banned), len(self.collection.records))
+        # NOTE: k + |banned| hits always hold k allowed ones; the index answers at most INDEX_MAX_K, so a
+        # task with more banned ids than that gets fewer than k only if nearly all its top hits are banned.
+        fetch = min(k + len(banned), len(self.collection.records), INDEX_MAX_K)
         with self._shared.lock:
             hits = self._shared.index.search(query, fetch)
         records = [self.collection.records[h.doc_id] for h in hits if h.doc_id not in banned]

@@ -56,6 +56,7 @@ def _has_main_guard(path: Path) -> bool:
 def test_every_script_and_entry_point_has_a_smoke_run():
     """A new bench script or ``__main__`` module must get a smoke run here."""
     covered = {
+        "bench/arxiv_scale.py",
         "bench/demo_learning.py",
         "bench/eval.py",
         "bench/learner.py",
@@ -142,6 +143,11 @@ def test_bench_search():
     assert "MRR@10" in out and "throughput ratio default / pyserini:" in out
 
 
+def test_bench_arxiv_scale():
+    out = run("bench/arxiv_scale.py", "--sizes", "200,400", "--compare-max", "400")
+    assert "same bans: True" in out and "growth exponents (200 -> 400 records):" in out
+
+
 def test_bench_search_scale():
     out = run("bench/search_scale.py", "--sizes", "300,900", "--queries", "20", "--rounds", "1")
     assert "top-10 overlap" in out and "growth exponents (300 -> 900 passages):" in out
@@ -160,8 +166,9 @@ def test_bench_serve():
 @pytest.mark.docker
 def test_bench_sandbox():
     need_docker()
-    out = run("bench/sandbox.py", "--calls", "1", "--throughput-calls", "1", "--pool-size", "1")
-    assert "speed-up (cold / warm)" in out and "4 worker(s):" in out
+    args = ["--calls", "1", "--throughput-calls", "1", "--verify-calls", "1", "--pool-size", "1"]
+    out = run("bench/sandbox.py", *args)
+    assert "speed-up (exec / resident)" in out and "4 worker(s): exec" in out and "exec / resident:" in out
 
 
 @pytest.mark.slow

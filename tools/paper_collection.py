@@ -11,6 +11,13 @@ paper and ref id), so ids do not depend on file order.
 Bibliography-only entries keep their raw strings privately (``raw_refs``) and are *shown* only as
 parsed fields (title, authors, year, ids, and the rest of the string as ``details``), never as the
 citing paper's string verbatim.
+
+Collection records (:mod:`toolgym.tools.paper_records`, papers that are searchable but not query
+papers) join the same rules: a bibliography entry links to a record by a shared id, then by
+normalised title. A record's given fields (title, authors, date, abstract, venue) are what its merged
+entry shows, never a parse of a citing string; a full paper's own fields still come first. Its own
+``id`` (when it has no arXiv id, DOI, OpenAlex id or title key, ``record:<id>``) keys the stable
+collection id, and ``read_paper`` accepts it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from toolgym.errors import ConfigError
 from toolgym.tools.paper_corpus import SourcePaper
 from toolgym.tools.paper_ids import normalise_arxiv_id, normalise_doi, normalise_openalex_id, normalise_title
 from toolgym.tools.paper_markers import render_markers
+from toolgym.tools.paper_records import CollectionRecord
 from toolgym.tools.paper_refs import parse_reference
 
 __all__ = ["Collection", "PaperRecord", "UnionFind", "build_collection"]
@@ -35,7 +43,8 @@ class PaperRecord:
     """One entry of the collection (a full paper, a bibliography entry, or both merged).
 
     ``date`` is ``(year, month, day)`` with 0 for an unknown month/day; ``raw_refs`` are the raw
-    bibliography strings merged here (kept for matching, never shown to the agent).
+    bibliography strings merged here (kept for matching, never shown to the agent). ``venue``,
+    ``record_ids`` and ``other_ids`` come from collection records, as given.
     """
 
     id: str
@@ -52,10 +61,20 @@ class PaperRecord:
     full_paper: str | None
     sources: tuple[str, ...]
     raw_refs: tuple[str, ...] = field(repr=False, default=())
+    venue: str = ""
+    record_ids: tuple[str, ...] = ()
+    other_ids: tuple[tuple[str, str], ...] = ()
 
     def index_doc(self) -> dict[str, str]:
         """The ``{"id", "title", "text"}`` document for the search index."""
-        parts = [", ".join(self.authors), str(self.year or ""), self.details, self.abstract, self.text]
+        parts = [
+            ", ".join(self.authors),
+            str(self.year or ""),
+            self.venue,
+            self.details,
+            self.abstract,
+            self.text,
+        ]
         return {"id": self.id, "title": self.title or "", "text": "\n".join(p for p in parts if p)}
 
     def display_title(self) -> str:
@@ -66,16 +85,23 @@ class PaperRecord:
 
 @dataclass(frozen=True)
 class Collection:
-    """The de-duplicated collection plus the links from source papers and their references to it."""
+    """The de-duplicated collection plus the links from source papers and their references to it.
+
+    ``given`` counts the collection records read from a collection file; ``given_linked`` how many of
+    them a bibliography entry links to, and ``bib_linked`` how many bibliography entries link to one.
+    """
 
     records: Mapping[str, PaperRecord]
     papers: tuple[SourcePaper, ...]
     paper_ids: Mapping[str, str]
     ref_ids: Mapping[tuple[str, str], str]
     aliases: Mapping[str, str]
+    given: int = 0
+    given_linked: int = 0
+    bib_linked: int = 0
 
     def resolve(self, value: str) -> str | None:
-        """The collection id for a collection id, arXiv id (any version/prefix), DOI or OpenAlex id."""
+        """The collection id for a collection id, arXiv id (any version/prefix), DOI, OpenAlex id or record id."""
         value = str(value).strip()
         if value in self.records:
             return value
@@ -86,19 +112,26 @@ class Collection:
         ):
             if key in self.aliases:
                 return self.aliases[key]
-        return None
+        return self.aliases.get(f"record:{value}")
 
     def counts(self) -> dict[str, int]:
         full = sum(1 for r in self.records.values() if r.full_paper)
         bib_total = sum(len(p.bib) for p in self.papers)
-        return {
+        counts = {
             "papers": len(self.papers),
             "bib_entries": bib_total,
             "records": len(self.records),
             "full_text_records": full,
             "reference_only_records": len(self.records) - full,
-            "merged_away": len(self.papers) + bib_total - len(self.records),
+            "merged_away": len(self.papers) + bib_total + self.given - len(self.records),
         }
+        if self.given:
+            counts |= {
+                "collection_records": self.given,
+                "collection_records_linked": self.given_linked,
+                "bib_entries_linked_to_collection": self.bib_linked,
+            }
+        return counts
 
 
 class UnionFind:
@@ -143,11 +176,15 @@ def _arxiv_date(arxiv_id: str) -> tuple[int, int, int] | None:
     return (1900 + yy if yy >= 91 else 2000 + yy, mm, 0) if 1 <= mm <= 12 else None
 
 
-def build_collection(papers: Sequence[SourcePaper]) -> Collection:
-    """De-duplicate full papers and bibliography entries into one collection (rules: module docstring)."""
-    items: list[
-        tuple[str, Any]
-    ] = []  # ("paper", SourcePaper) | ("bib", (SourcePaper, BibEntry, ParsedReference))
+def build_collection(
+    papers: Sequence[SourcePaper], given_records: Sequence[CollectionRecord] = ()
+) -> Collection:
+    """De-duplicate full papers, bibliography entries and collection records (rules: module docstring).
+
+    Linear in the number of items: each rule is one pass over a dict of keys (union-find).
+    """
+    # ("paper", SourcePaper) | ("bib", (SourcePaper, BibEntry, ParsedReference)) | ("record", CollectionRecord)
+    items: list[tuple[str, Any]] = []
     keys: list[dict[str, set[str]]] = []
     for paper in papers:
         k: dict[str, set[str]] = {}
@@ -174,6 +211,15 @@ def build_collection(papers: Sequence[SourcePaper]) -> Collection:
                 k["title"] = {t}
             items.append(("bib", (paper, entry, parsed)))
             keys.append(k)
+    for given in given_records:
+        k = {}
+        for kind, value in (("arxiv", given.arxiv_id), ("doi", given.doi), ("openalex", given.openalex_id)):
+            if value:
+                k[kind] = {value}
+        if t := normalise_title(given.title):
+            k["title"] = {t}
+        items.append(("record", given))
+        keys.append(k)
     uf = UnionFind(keys)
     for depth, kind in enumerate(_KINDS):
         first: dict[str, int] = {}
@@ -191,6 +237,7 @@ def build_collection(papers: Sequence[SourcePaper]) -> Collection:
     paper_ids: dict[str, str] = {}
     ref_ids: dict[tuple[str, str], str] = {}
     aliases: dict[str, str] = {}
+    given_linked = bib_linked = 0
     for members in groups.values():
         record = _merge([items[i] for i in members], [keys[i] for i in members])
         if record.id in records:
@@ -200,8 +247,13 @@ def build_collection(papers: Sequence[SourcePaper]) -> Collection:
             kind, payload = items[i]
             if kind == "paper":
                 paper_ids[payload.paper_id] = record.id
-            else:
+            elif kind == "bib":
                 ref_ids[(payload[0].paper_id, payload[1].ref_id)] = record.id
+        if record.record_ids and len(record.raw_refs):
+            given_linked += len(record.record_ids)
+            bib_linked += len(record.raw_refs)
+        for value in record.record_ids:
+            aliases[f"record:{value}"] = record.id
         for value in record.arxiv_ids:
             aliases[f"arxiv:{value}"] = record.id
         for value in record.dois:
@@ -210,7 +262,14 @@ def build_collection(papers: Sequence[SourcePaper]) -> Collection:
             aliases[f"openalex:{value}"] = record.id
     ordered = dict(sorted(records.items()))
     return Collection(
-        records=ordered, papers=tuple(papers), paper_ids=paper_ids, ref_ids=ref_ids, aliases=aliases
+        records=ordered,
+        papers=tuple(papers),
+        paper_ids=paper_ids,
+        ref_ids=ref_ids,
+        aliases=aliases,
+        given=len(given_records),
+        given_linked=given_linked,
+        bib_linked=bib_linked,
     )
 
 
@@ -221,13 +280,19 @@ def _merge(members: list[tuple[str, Any]], keys: list[dict[str, set[str]]]) -> P
             merged.setdefault(kind, set()).update(values)
     full = sorted((p for kind, p in members if kind == "paper"), key=lambda p: p.paper_id)
     bibs = sorted((b for kind, b in members if kind == "bib"), key=lambda b: (b[0].paper_id, b[1].ref_id))
+    given: list[CollectionRecord] = sorted(
+        (r for kind, r in members if kind == "record"), key=lambda r: r.record_id
+    )
     for kind in ("arxiv", "doi", "openalex", "title"):
         if merged.get(kind):
             strongest = f"{kind}:{sorted(merged[kind])[0]}"
             break
     else:
-        source = full[0].paper_id if full else f"{bibs[0][0].paper_id}#{bibs[0][1].ref_id}"
-        strongest = f"source:{source}"
+        if given and not full:
+            strongest = f"record:{given[0].record_id}"
+        else:
+            source = full[0].paper_id if full else f"{bibs[0][0].paper_id}#{bibs[0][1].ref_id}"
+            strongest = f"source:{source}"
     cid = hashlib.sha1(strongest.encode()).hexdigest()[:10]
     arxiv_ids = tuple(sorted(merged.get("arxiv", ())))
     dates = [_arxiv_date(a) for a in arxiv_ids]
@@ -239,6 +304,12 @@ def _merge(members: list[tuple[str, Any]], keys: list[dict[str, set[str]]]) -> P
         authors = paper.authors
         date = paper.date or next((d for d in dates if d), None)
         abstract, details = paper.abstract, ""
+        year = date[0] if date else None
+    elif given:
+        # Shown as given: the record's own fields, never a parse of a citing string.
+        first = given[0]
+        title, authors, abstract, details, body = first.title, first.authors, first.abstract, "", ""
+        date = first.date or next((d for d in dates if d), None)
         year = date[0] if date else None
     else:
         parsed = [b[2] for b in bibs]
@@ -272,4 +343,7 @@ def _merge(members: list[tuple[str, Any]], keys: list[dict[str, set[str]]]) -> P
             [f"paper:{p.paper_id}" for p in full] + [f"bib:{b[0].paper_id}#{b[1].ref_id}" for b in bibs]
         ),
         raw_refs=tuple(b[1].raw for b in bibs),
+        venue=next((r.venue for r in given if r.venue), ""),
+        record_ids=tuple(r.record_id for r in given),
+        other_ids=tuple(sorted({pair for r in given for pair in r.other_ids})),
     )

@@ -10,7 +10,8 @@ Input format (one JSON object per line, ``.jsonl`` or ``.jsonl.gz``; unarXive, S
     ``bib_entries``  object, required: ``{ref_id: {"bib_entry_raw": str, "ids": {"arxiv_id", "doi",
                      "open_alex_id"}}}``; every id is optional. A ``title`` field may also be given.
     ``metadata``     object, optional: ``title``, ``authors`` (one string, comma separated), ``doi``,
-                     ``versions[0].created`` (RFC 2822 date) or ``update_date`` (``YYYY-MM-DD``).
+                     ``versions[0].created`` (RFC 2822 date) or ``update_date`` (``YYYY-MM-DD``,
+                     ``YYYY-MM`` or ``YYYY``: 0 stands for the unknown month/day).
     ``abstract``     optional: a string or ``{"text": str}``.
     ``ref_entries``  optional: ``{id: {"type": "formula" | "figure" | "table", "latex": str}}``, used to
                      render ``{{formula:<id>}}`` markers.
@@ -114,8 +115,10 @@ def _date_from_metadata(meta: Mapping[str, Any]) -> tuple[int, int, int] | None:
             pass
     for key in ("update_date", "date"):
         value = meta.get(key)
-        if isinstance(value, str) and (m := re.fullmatch(r"(\d{4})-(\d{2})-(\d{2})", value.strip())):
-            return (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        if isinstance(value, str) and (
+            m := re.fullmatch(r"(\d{4})(?:-(\d{2})(?:-(\d{2}))?)?", value.strip())
+        ):
+            return (int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0))
     return None
 
 

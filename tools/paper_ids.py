@@ -59,7 +59,10 @@ def normalise_title(value: str | None) -> str | None:
     """Accent-free lower-case words joined by spaces; None when fewer than 3 words (too weak to match)."""
     if not value:
         return None
-    text = unicodedata.normalize("NFKD", value)
-    text = "".join(c for c in text if not unicodedata.combining(c)).lower()
+    if value.isascii():  # the common case: nothing to decompose
+        text = value.lower()
+    else:
+        text = unicodedata.normalize("NFKD", value)
+        text = "".join(c for c in text if not unicodedata.combining(c)).lower()
     words = re.findall(r"[a-z0-9]+", text)
     return " ".join(words) if len(words) >= 3 else None

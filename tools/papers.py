@@ -8,6 +8,8 @@ Each idea lives in its own module; every name is re-exported here, so
 - :mod:`toolgym.tools.paper_ids`: normalised arXiv ids, DOIs, OpenAlex ids and titles.
 - :mod:`toolgym.tools.paper_refs`: parsing raw bibliography strings into title, authors, year.
 - :mod:`toolgym.tools.paper_markers`: the ``{{cite:…}}`` / ``{{formula:…}}`` markers in body text.
+- :mod:`toolgym.tools.paper_records`: collection records (searchable papers that are not query
+  papers: id, title, abstract, authors, date, venue, ids), read as given.
 - :mod:`toolgym.tools.paper_collection`: the de-duplicated collection (merge rules, stable ids).
 - :mod:`toolgym.tools.paper_copies`: near-duplicate detection (records that copy a paper's text).
 
@@ -35,12 +37,14 @@ from toolgym.tools.paper_ids import (
 )
 from toolgym.tools.paper_markers import MARKER as MARKER
 from toolgym.tools.paper_markers import iter_citations, render_markers
+from toolgym.tools.paper_records import CollectionRecord, load_records, parse_date
 from toolgym.tools.paper_refs import ParsedReference as ParsedReference
 from toolgym.tools.paper_refs import parse_reference
 
 __all__ = [
     "BibEntry",
     "Collection",
+    "CollectionRecord",
     "Paragraph",
     "PaperRecord",
     "SourcePaper",
@@ -48,11 +52,13 @@ __all__ = [
     "default_corpus_path",
     "iter_citations",
     "load_papers",
+    "load_records",
     "near_duplicates",
     "normalise_arxiv_id",
     "normalise_doi",
     "normalise_openalex_id",
     "normalise_title",
+    "parse_date",
     "parse_reference",
     "render_markers",
     "shingles",

@@ -275,9 +275,8 @@ def test_a_tool_unlocked_mid_episode_stays_announced_after_compaction():
             return [*await super().episode_tools(task), word]
 
     for track in ("bare+compact", "bare+summary"):
-        state = {"calls": 0}
 
-        def rule(transcript: str) -> str:
+        def rule(transcript: str, state: dict = {"calls": 0}) -> str:  # noqa: B006 (one per track)
             if transcript.rstrip().endswith(f"{SUMMARY_REQUEST}{IM_END}\n<|im_start|>assistant"):
                 return "Pages say kiwi."
             state["calls"] += 1
