@@ -166,26 +166,30 @@ def plan_context(
         ids = policy.render(head) + list(summary.sampled) + policy.render(follow, continuation=True)
         context = [*head, {"role": "assistant", "content": summary.text}, *follow]
         return ContextPlan(ids, context, 0, len(turns))
-    best: ContextPlan | None = None
-    for skip in range(max(len(turns), 1)):
-        kept = turns[skip:]
-        body: list[int] = []
-        messages: list[Message] = []
-        results = 0
-        for i, record in enumerate(kept):
-            verbatim = i >= len(kept) - config.keep_last
-            shown = []
+    pieces: dict[tuple[int, bool], tuple[list[int], list[Message], int]] = {}
+
+    def piece(i: int, verbatim: bool) -> tuple[list[int], list[Message], int]:
+        """Turn ``i`` as kept: its sampled ids and its observation (verbatim or noted), rendered once."""
+        if (i, verbatim) not in pieces:
+            record, shown, results = turns[i], [], 0
             for message in record.shown:
                 out, dropped = (
                     (copy.deepcopy(message), False) if verbatim else _dropped(message, config.roles)
                 )
                 shown.append(out)
                 results += int(dropped and message["role"] == "tool")
-            body += record.sampled + policy.render(shown, continuation=True)
-            messages += [{"role": "assistant", "content": record.text}, *shown]
+            ids = record.sampled + policy.render(shown, continuation=True)
+            pieces[i, verbatim] = (ids, [{"role": "assistant", "content": record.text}, *shown], results)
+        return pieces[i, verbatim]
+
+    best: ContextPlan | None = None
+    for skip in range(max(len(turns), 1)):
+        kept = [piece(i, i >= len(turns) - config.keep_last) for i in range(skip, len(turns))]
+        results = sum(k[2] for k in kept)
         note = {"role": "user", "content": NOTE.format(turns=skip, results=results)}
         head = [*copy.deepcopy(list(start)), note, *_announcements(turns[:skip])]
-        plan = ContextPlan(policy.render(head) + body, [*head, *messages], results, skip)
+        ids = policy.render(head) + [t for k in kept for t in k[0]]
+        plan = ContextPlan(ids, [*head, *(m for k in kept for m in k[1])], results, skip)
         if len(plan.ids) <= limit:
             return plan
         if best is None or len(plan.ids) < len(best.ids):
