@@ -6,7 +6,7 @@ Protocol (JSON over HTTP; :class:`toolgym.remote.RemoteEnv` is its client):
 * ``GET /info`` -> ``{"env_id", "max_turns", "task_ids", "description", "fingerprint"}``: what a run
   manifest records about the served environment (:func:`toolgym.manifest.env_fingerprint`);
 * ``POST /sessions`` ``{"seed": int|null, "options": {...}}`` -> ``{"session", "observation", "info"}``:
-  a new episode (``options`` as for ``reset``: ``task_id``, ``task_index``, ``tools``);
+  a new episode (``options`` as for ``reset``: ``task_id``, ``task_index``, ``tools``, ``unlocks``);
 * ``POST /sessions/{id}/step`` ``{"action": str}`` -> ``{"observation", "reward", "terminated",
   "truncated", "info"}``;
 * ``DELETE /sessions/{id}`` -> 204: the episode's resources are released (sandbox containers too).

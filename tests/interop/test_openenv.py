@@ -58,3 +58,18 @@ def test_openenv_serving_stays_on_loopback() -> None:
 
     with pytest.raises(ConfigError, match="OpenEnv's protocol, whose clients send no credentials"):
         serve_command("toolgym/SearchQA-v0", {}, host="0.0.0.0", token="t", openenv=True)
+
+
+def test_unlock_rules_reach_the_environment_through_the_adapter() -> None:
+    from toolgym.interop.openenv import OpenEnvAdapter, ToolgymAction
+
+    adapter = OpenEnvAdapter("toolgym/SearchQA-v0")
+    try:
+        rules = [{"tool": "open", "after": {"turn": 1}}]
+        result = adapter.reset(seed=0, unlocks=rules)
+        assert "open" not in result.info["allowed_tools"]  # withheld until its rule fires
+        call = '<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'
+        step = adapter.step(ToolgymAction(text=call))
+        assert [u["tool"] for u in step.info["unlocked"]] == ["open"]
+    finally:
+        adapter.close()

@@ -11,7 +11,7 @@ environments unchanged:
   (tool schemas at reset; the answer and metrics at the end), ``terminated`` and ``truncated`` (OpenEnv
   has one ``done``: either), and OpenEnv's ``reward`` (0 until the terminal step);
 * ``reset`` takes ``seed`` and toolgym's options as keyword arguments: ``task_id``, ``task_index``,
-  ``tools``.
+  ``tools``, ``unlocks`` (mid-episode unlock rules, :mod:`toolgym.unlocks`).
 
 What does not map: OpenEnv's ``step`` has no separate truncation flag (``done`` covers both; the
 observation carries the two), its ``episode_id`` is only recorded (toolgym chooses the task by
@@ -73,7 +73,12 @@ class OpenEnvAdapter(_Environment):  # type: ignore[misc, valid-type]
         self._state = _State(episode_id=None, step_count=0)
 
     @staticmethod
-    def _options(task_id: str | None, task_index: int | None, tools: list[str] | None) -> dict[str, Any]:
+    def _options(
+        task_id: str | None,
+        task_index: int | None,
+        tools: list[str] | None,
+        unlocks: list[dict[str, Any]] | None,
+    ) -> dict[str, Any]:
         options: dict[str, Any] = {}
         if task_id is not None:
             options["task_id"] = task_id
@@ -81,6 +86,8 @@ class OpenEnvAdapter(_Environment):  # type: ignore[misc, valid-type]
             options["task_index"] = task_index
         if tools is not None:
             options["tools"] = tools
+        if unlocks is not None:
+            options["unlocks"] = unlocks
         return options
 
     def _reset_result(self, obs: Any, info: Any, episode_id: str | None) -> ToolgymObservation:
@@ -109,9 +116,10 @@ class OpenEnvAdapter(_Environment):  # type: ignore[misc, valid-type]
         task_id: str | None = None,
         task_index: int | None = None,
         tools: list[str] | None = None,
+        unlocks: list[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> ToolgymObservation:
-        obs, info = self.env.reset(seed=seed, options=self._options(task_id, task_index, tools))
+        obs, info = self.env.reset(seed=seed, options=self._options(task_id, task_index, tools, unlocks))
         return self._reset_result(obs, info, episode_id)
 
     async def reset_async(
@@ -121,9 +129,12 @@ class OpenEnvAdapter(_Environment):  # type: ignore[misc, valid-type]
         task_id: str | None = None,
         task_index: int | None = None,
         tools: list[str] | None = None,
+        unlocks: list[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> ToolgymObservation:
-        obs, info = await self.base.areset(seed=seed, options=self._options(task_id, task_index, tools))
+        obs, info = await self.base.areset(
+            seed=seed, options=self._options(task_id, task_index, tools, unlocks)
+        )
         return self._reset_result(obs, info, episode_id)
 
     def step(
