@@ -169,6 +169,11 @@ async def run_episode(
     context: list[Message] = []
     dropped = (0, 0)
     summary_text = ""
+    # the summary request of a summarising compaction, rendered once per episode
+    summarises = compaction is not None and compaction.mode == "summary"
+    request = (
+        policy.render([{"role": "user", "content": SUMMARY_REQUEST}], continuation=True) if summarises else []
+    )
 
     async def sample(budget: int) -> Completion:
         nonlocal t_generate
@@ -192,13 +197,16 @@ async def run_episode(
         seq.append(policy.render(start), 0)
         for turn in range(1, max_turns + 1):
             budget = max_total_tokens - len(seq.ids)
-            if compaction is not None and turns and budget < _reserve(compaction, sampling, policy, largest):
+            if (
+                compaction is not None
+                and turns
+                and budget < _reserve(compaction, sampling, len(request), largest)
+            ):
                 # Compact: close this segment, open the next one (see toolgym.agents.compaction).
                 if steps_since == 0 or compactions >= compaction.max_compactions:
                     stop_reason = "compaction_loop" if steps_since == 0 else "compaction_limit"
                     break
                 summary = None
-                request = policy.render([{"role": "user", "content": SUMMARY_REQUEST}], continuation=True)
                 if compaction.mode == "summary" and budget - len(request) < sampling.max_tokens:
                     # no room left for a summary: this compaction drops instead
                     metrics["episode/summary_fallbacks"] = metrics.get("episode/summary_fallbacks", 0.0) + 1
@@ -354,7 +362,7 @@ def _env_metrics(env: AsyncToolEnv) -> dict[str, float]:
     return dict(read()) if callable(read) else {}
 
 
-def _reserve(config: CompactionConfig, sampling: SamplingParams, policy: Policy, largest: int) -> int:
+def _reserve(config: CompactionConfig, sampling: SamplingParams, request: int, largest: int) -> int:
     """Tokens a segment must have left before a turn, below which it is compacted first.
 
     ``drop``: room for the turn (its observation moves to the next segment). ``summary``: room for the
@@ -362,8 +370,7 @@ def _reserve(config: CompactionConfig, sampling: SamplingParams, policy: Policy,
     """
     if config.mode == "drop":
         return sampling.max_tokens
-    request = policy.render([{"role": "user", "content": SUMMARY_REQUEST}], continuation=True)
-    return 2 * sampling.max_tokens + len(request) + largest
+    return 2 * sampling.max_tokens + request + largest
 
 
 def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], *, append: bool = True) -> None:

@@ -1,8 +1,9 @@
 """A curriculum that unlocks tools in stages, on measured signals (the trainer's lever on reset options).
 
 Stages are growing tool sets, e.g. ``answer`` only, then ``+search``, then ``+open``. The trainer asks
-:meth:`ToolCurriculum.tools_for` which tools an episode may use (passed to the environment as
-``reset(options={"tools": [...]})``) and reports finished episodes to :meth:`ToolCurriculum.observe`,
+:meth:`ToolCurriculum.reset_options` which tools an episode may use (passed to the environment as
+``reset(options={"tools": [...]})``, with any mid-episode ``unlocks``; :meth:`~ToolCurriculum.tools_for`
+gives the tool set alone) and reports finished episodes to :meth:`ToolCurriculum.observe`,
 once per learner step. The next stage unlocks when either signal holds:
 
 * **plateau** — the rolling success rate stopped improving: the mean over the last ``window``
