@@ -1,45 +1,53 @@
-"""An in-process BM25 ranker that reproduces Lucene/Anserini's ranking with numpy alone.
+"""The default search backend's BM25: Anserini's analysis and Lucene's scoring arithmetic, reproduced.
 
-Why our own: the default search backend must answer in a fresh process within a second or two, with
-no server, no JVM and no JIT warm-up, yet rank like the Lucene BM25 that retrieval papers report. So
-this module copies Anserini's *behaviour* (not its code):
+Why our own: the default search backend must answer in a fresh process in well under a second, with
+no server, no JVM and no JIT warm-up, yet rank exactly like the Lucene BM25 that retrieval papers
+report. So these modules copy Anserini's *behaviour* (not its code):
 
-* analysis as in Anserini's ``DefaultEnglishAnalyzer``: Unicode word segmentation (approximated by a
-  regular expression for letters, digits and the in-word punctuation of UAX #29), the English
-  possessive filter, lower-casing, Lucene's 33 English stop words, then the Porter stemmer (PyStemmer's
-  ``porter``, the published algorithm; Lucene keeps words of one or two letters unstemmed, so do we);
-* Lucene's BM25 (k1 = 0.9, b = 0.4, idf = ln(1 + (N - df + 0.5) / (df + 0.5)), no (k1 + 1) factor),
-  with the document length read back through Lucene's lossy one-byte norm (``SmallFloat.intToByte4``),
-  which moves long documents into coarse length buckets and so changes scores measurably;
-* repeated query terms count as a boost (Anserini's bag-of-words query), scores are rounded to four
-  decimals and ties broken by document id, as Anserini's searcher does.
+* analysis as in Anserini's ``DefaultEnglishAnalyzer`` (:func:`analyze`): Unicode word segmentation
+  (approximated by a regular expression for letters, digits and the in-word punctuation of UAX #29),
+  the English possessive filter, lower-casing, Lucene's 33 English stop words, then the Porter
+  stemmer (PyStemmer's ``porter``, the published algorithm, with the two cases where Lucene's copy of
+  Porter's reference code departs from it; Lucene keeps words of one or two letters unstemmed);
+* Lucene's BM25 (k1 = 0.9, b = 0.4, no (k1 + 1) factor) *in Lucene's precision*: idf =
+  ``(float) ln(1 + (N - df + 0.5) / (df + 0.5))`` (:func:`lucene_idf`), the average length in float,
+  each document's length read back through Lucene's lossy one-byte norm (``SmallFloat.intToByte4``,
+  :func:`lucene_length`) into a float ``1 / (k1 * (1 - b + b * length / avgdl))``
+  (:func:`lucene_norm_inverse`), a term's score ``weight - weight / (1 + tf * normInverse)`` in float
+  with ``weight = boost * idf``, a document's score the double sum of its terms' float scores cast to
+  float. Every step is the same IEEE operation Lucene performs, so scores are bit-identical;
+* Anserini's bag-of-words query (a repeated query term is one clause with the count as its boost) and
+  its order: score first, ties by external document id; displayed scores rounded to four decimals
+  with ties nudged apart by 1e-6 (:func:`anserini_display`).
 
-Every term's postings are stored as a CSR matrix with the BM25 weight of each (term, document) pair
-precomputed as float32, so answering a query is a gather, one ``np.bincount`` and one
-``np.argpartition``. The arrays are plain ``.npy`` files opened with memory mapping, so loading costs
-milliseconds and several processes share the pages.
+Where the rest lives: :mod:`toolgym.tools.bm25_build` writes the postings (in parallel, in bounded
+memory), :mod:`toolgym.tools.bm25_search` answers queries through the C kernel
+``toolgym.tools._bm25kernel`` (block-max MaxScore; ``tools/_bm25kernel.c`` explains it).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
-import threading
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+
+from toolgym.tools.porter import porter_stem
 
 __all__ = [
     "ENGLISH_STOP_WORDS",
     "BM25Settings",
-    "NumpyBM25",
     "analyze",
-    "build_bm25",
+    "anserini_display",
+    "lucene_avgdl",
+    "lucene_idf",
     "lucene_length",
+    "lucene_norm_cache",
+    "lucene_norm_codes",
+    "lucene_norm_inverse",
+    "lucene_term_scores",
+    "tokenize",
 ]
 
 #: Lucene's ``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET`` (the list Anserini's default analyzer uses).
@@ -81,56 +89,433 @@ ENGLISH_STOP_WORDS = frozenset(
     ]
 )
 
-# Letters/digits joined by the in-word punctuation of UAX #29: '.', apostrophes and ':' between letters;
-# '.', ',', ';' and apostrophes between digits; '_' joins anything (it is part of \w).
-# Combining marks and format characters (e.g. the word joiner U+2060) extend the word they follow
-# (UAX #29 rule WB4), but Python's \w excludes them; Han and Hiragana are one token per character.
+# Word segmentation, as Lucene's StandardTokenizer does it (UAX #29 word boundaries; only segments
+# holding letters, digits, ideographs or emoji become tokens). Python's \w is the starting point: it
+# holds letters (with Katakana, Hangul, Thai...), decimal digits and '_'. Corrections:
+# * combining marks and format characters extend the word they follow (rule WB4); \w excludes them;
+# * connector punctuation beyond '_', and U+202F NARROW NO-BREAK SPACE, are ExtendNumLet: they join
+#   whatever they touch (WB13a/b);
+# * "other numbers" (superscripts, vulgar fractions, circled digits: category No) are in \w but are
+#   no word characters for UAX #29: they are removed before matching;
+# * MidLetter / MidNumLet / Single_Quote join two letters (WB6/7), MidNum / MidNumLet / Single_Quote
+#   two digits (WB11/12); Hebrew letters also join across '"' (WB7b/c) and keep a following "'" (WB7a);
+# * Han and Hiragana are one token per character; emoji (Extended_Pictographic, with their
+#   modifiers and ZWJ sequences) are tokens of their own.
 _EXTEND = "".join(
     f"\\u{lo:04x}-\\u{hi:04x}"
-    for lo, hi in (
+    for lo, hi in (  # categories Mn, Mc, Me and Cf of the BMP, but U+200B and U+FEFF (not in \w)
+        (0x00AD, 0x00AD),
         (0x0300, 0x036F),
         (0x0483, 0x0489),
-        (0x0591, 0x05C7),
+        (0x0591, 0x05BD),
+        (0x05BF, 0x05BF),
+        (0x05C1, 0x05C2),
+        (0x05C4, 0x05C5),
+        (0x05C7, 0x05C7),
+        (0x0600, 0x0605),
         (0x0610, 0x061A),
+        (0x061C, 0x061C),
         (0x064B, 0x065F),
-        (0x0900, 0x0903),
-        (0x093A, 0x094F),
+        (0x0670, 0x0670),
+        (0x06D6, 0x06DD),
+        (0x06DF, 0x06E4),
+        (0x06E7, 0x06E8),
+        (0x06EA, 0x06ED),
+        (0x070F, 0x070F),
+        (0x0711, 0x0711),
+        (0x0730, 0x074A),
+        (0x07A6, 0x07B0),
+        (0x07EB, 0x07F3),
+        (0x07FD, 0x07FD),
+        (0x0816, 0x0819),
+        (0x081B, 0x0823),
+        (0x0825, 0x0827),
+        (0x0829, 0x082D),
+        (0x0859, 0x085B),
+        (0x0890, 0x0891),
+        (0x0898, 0x089F),
+        (0x08CA, 0x0903),
+        (0x093A, 0x093C),
+        (0x093E, 0x094F),
         (0x0951, 0x0957),
         (0x0962, 0x0963),
         (0x0981, 0x0983),
-        (0x09BC, 0x09D7),
+        (0x09BC, 0x09BC),
+        (0x09BE, 0x09C4),
+        (0x09C7, 0x09C8),
+        (0x09CB, 0x09CD),
+        (0x09D7, 0x09D7),
+        (0x09E2, 0x09E3),
+        (0x09FE, 0x09FE),
         (0x0A01, 0x0A03),
-        (0x0A3C, 0x0A51),
+        (0x0A3C, 0x0A3C),
+        (0x0A3E, 0x0A42),
+        (0x0A47, 0x0A48),
+        (0x0A4B, 0x0A4D),
+        (0x0A51, 0x0A51),
+        (0x0A70, 0x0A71),
+        (0x0A75, 0x0A75),
         (0x0A81, 0x0A83),
-        (0x0ABC, 0x0ACD),
+        (0x0ABC, 0x0ABC),
+        (0x0ABE, 0x0AC5),
+        (0x0AC7, 0x0AC9),
+        (0x0ACB, 0x0ACD),
+        (0x0AE2, 0x0AE3),
+        (0x0AFA, 0x0AFF),
         (0x0B01, 0x0B03),
-        (0x0B3C, 0x0B57),
+        (0x0B3C, 0x0B3C),
+        (0x0B3E, 0x0B44),
+        (0x0B47, 0x0B48),
+        (0x0B4B, 0x0B4D),
+        (0x0B55, 0x0B57),
+        (0x0B62, 0x0B63),
         (0x0B82, 0x0B82),
-        (0x0BBE, 0x0BCD),
+        (0x0BBE, 0x0BC2),
+        (0x0BC6, 0x0BC8),
+        (0x0BCA, 0x0BCD),
+        (0x0BD7, 0x0BD7),
         (0x0C00, 0x0C04),
-        (0x0C3E, 0x0C56),
+        (0x0C3C, 0x0C3C),
+        (0x0C3E, 0x0C44),
+        (0x0C46, 0x0C48),
+        (0x0C4A, 0x0C4D),
+        (0x0C55, 0x0C56),
+        (0x0C62, 0x0C63),
         (0x0C81, 0x0C83),
-        (0x0CBC, 0x0CD6),
+        (0x0CBC, 0x0CBC),
+        (0x0CBE, 0x0CC4),
+        (0x0CC6, 0x0CC8),
+        (0x0CCA, 0x0CCD),
+        (0x0CD5, 0x0CD6),
+        (0x0CE2, 0x0CE3),
         (0x0D00, 0x0D03),
-        (0x0D3E, 0x0D4D),
+        (0x0D3B, 0x0D3C),
+        (0x0D3E, 0x0D44),
+        (0x0D46, 0x0D48),
+        (0x0D4A, 0x0D4D),
+        (0x0D57, 0x0D57),
+        (0x0D62, 0x0D63),
+        (0x0D81, 0x0D83),
+        (0x0DCA, 0x0DCA),
+        (0x0DCF, 0x0DD4),
+        (0x0DD6, 0x0DD6),
+        (0x0DD8, 0x0DDF),
+        (0x0DF2, 0x0DF3),
         (0x0E31, 0x0E31),
         (0x0E34, 0x0E3A),
         (0x0E47, 0x0E4E),
+        (0x0EB1, 0x0EB1),
+        (0x0EB4, 0x0EBC),
+        (0x0EC8, 0x0ECD),
+        (0x0F18, 0x0F19),
+        (0x0F35, 0x0F35),
+        (0x0F37, 0x0F37),
+        (0x0F39, 0x0F39),
+        (0x0F3E, 0x0F3F),
+        (0x0F71, 0x0F84),
+        (0x0F86, 0x0F87),
+        (0x0F8D, 0x0F97),
+        (0x0F99, 0x0FBC),
+        (0x0FC6, 0x0FC6),
         (0x102B, 0x103E),
         (0x1056, 0x1059),
-        (0x200B, 0x200F),
+        (0x105E, 0x1060),
+        (0x1062, 0x1064),
+        (0x1067, 0x106D),
+        (0x1071, 0x1074),
+        (0x1082, 0x108D),
+        (0x108F, 0x108F),
+        (0x109A, 0x109D),
+        (0x135D, 0x135F),
+        (0x1712, 0x1715),
+        (0x1732, 0x1734),
+        (0x1752, 0x1753),
+        (0x1772, 0x1773),
+        (0x17B4, 0x17D3),
+        (0x17DD, 0x17DD),
+        (0x180B, 0x180F),
+        (0x1885, 0x1886),
+        (0x18A9, 0x18A9),
+        (0x1920, 0x192B),
+        (0x1930, 0x193B),
+        (0x1A17, 0x1A1B),
+        (0x1A55, 0x1A5E),
+        (0x1A60, 0x1A7C),
+        (0x1A7F, 0x1A7F),
+        (0x1AB0, 0x1ACE),
+        (0x1B00, 0x1B04),
+        (0x1B34, 0x1B44),
+        (0x1B6B, 0x1B73),
+        (0x1B80, 0x1B82),
+        (0x1BA1, 0x1BAD),
+        (0x1BE6, 0x1BF3),
+        (0x1C24, 0x1C37),
+        (0x1CD0, 0x1CD2),
+        (0x1CD4, 0x1CE8),
+        (0x1CED, 0x1CED),
+        (0x1CF4, 0x1CF4),
+        (0x1CF7, 0x1CF9),
+        (0x1DC0, 0x1DFF),
+        (0x200C, 0x200F),
+        (0x202A, 0x202E),
         (0x2060, 0x2064),
-        (0x20D0, 0x20FF),
+        (0x2066, 0x206F),
+        (0x20D0, 0x20F0),
+        (0x2CEF, 0x2CF1),
+        (0x2D7F, 0x2D7F),
+        (0x2DE0, 0x2DFF),
+        (0x302A, 0x302F),
+        (0x3099, 0x309A),
+        (0xA66F, 0xA672),
+        (0xA674, 0xA67D),
+        (0xA69E, 0xA69F),
+        (0xA6F0, 0xA6F1),
+        (0xA802, 0xA802),
+        (0xA806, 0xA806),
+        (0xA80B, 0xA80B),
+        (0xA823, 0xA827),
+        (0xA82C, 0xA82C),
+        (0xA880, 0xA881),
+        (0xA8B4, 0xA8C5),
+        (0xA8E0, 0xA8F1),
+        (0xA8FF, 0xA8FF),
+        (0xA926, 0xA92D),
+        (0xA947, 0xA953),
+        (0xA980, 0xA983),
+        (0xA9B3, 0xA9C0),
+        (0xA9E5, 0xA9E5),
+        (0xAA29, 0xAA36),
+        (0xAA43, 0xAA43),
+        (0xAA4C, 0xAA4D),
+        (0xAA7B, 0xAA7D),
+        (0xAAB0, 0xAAB0),
+        (0xAAB2, 0xAAB4),
+        (0xAAB7, 0xAAB8),
+        (0xAABE, 0xAABF),
+        (0xAAC1, 0xAAC1),
+        (0xAAEB, 0xAAEF),
+        (0xAAF5, 0xAAF6),
+        (0xABE3, 0xABEA),
+        (0xABEC, 0xABED),
+        (0xFB1E, 0xFB1E),
         (0xFE00, 0xFE0F),
         (0xFE20, 0xFE2F),
+        (0xFFF9, 0xFFFB),
     )
 )
-_W = f"[\\w{_EXTEND}]"
-_TOKEN = re.compile(rf"\w{_W}*(?:(?:(?<=[^\W\d_])[.'\u2019:](?=[^\W\d_])|(?<=\d)[.,;'\u2019](?=\d))\w{_W}*)*")
+_JOIN_ANY = "\\u202f\\u203f\\u2040\\u2054\\ufe33\\ufe34\\ufe4d-\\ufe4f\\uff3f"  # ExtendNumLet but '_'
+_W = f"[\\w{_EXTEND}{_JOIN_ANY}]"
+# A token holds a letter or a digit: connector punctuation alone is none.
+_START = f"[_{_JOIN_ANY}]*[^\\W_]"
+_MID_LETTER = (
+    ":.'\\u00b7\\u0387\\u055f\\u05f4\\u2018\\u2019\\u2024\\u2027\\ufe13\\ufe52\\ufe55\\uff07\\uff0e\\uff1a"
+)
+_MID_NUM = (
+    ",;.'\\u037e\\u0589\\u060c\\u060d\\u066c\\u07f8\\u2018\\u2019\\u2024\\u2044"
+    "\\ufe10\\ufe14\\ufe50\\ufe52\\ufe54\\uff07\\uff0c\\uff0e\\uff1b"
+)
+_HEBREW = "\\u05d0-\\u05ea\\u05ef-\\u05f2\\ufb1d\\ufb1f-\\ufb28\\ufb2a-\\ufb4f"
+_LETTER = "[^\\W\\d_]"
+_WORD = (
+    rf"{_START}{_W}*(?:(?:(?<={_LETTER})[{_MID_LETTER}](?={_LETTER})|(?<=\d)[{_MID_NUM}](?=\d)"
+    rf'|(?<=[{_HEBREW}])"(?=[{_HEBREW}]))\w{_W}*)*(?:(?<=[{_HEBREW}])\')?'
+)
+_PICTOGRAPHIC_RANGES = (
+    (0x00A9, 0x00A9),
+    (0x00AE, 0x00AE),
+    (0x203C, 0x203C),
+    (0x2049, 0x2049),
+    (0x2122, 0x2122),
+    (0x2139, 0x2139),
+    (0x2194, 0x2199),
+    (0x21A9, 0x21AA),
+    (0x231A, 0x231B),
+    (0x2328, 0x2328),
+    (0x2388, 0x2388),
+    (0x23CF, 0x23CF),
+    (0x23E9, 0x23F3),
+    (0x23F8, 0x23FA),
+    (0x24C2, 0x24C2),
+    (0x25AA, 0x25AB),
+    (0x25B6, 0x25B6),
+    (0x25C0, 0x25C0),
+    (0x25FB, 0x25FE),
+    (0x2600, 0x2605),
+    (0x2607, 0x2612),
+    (0x2614, 0x2685),
+    (0x2690, 0x2705),
+    (0x2708, 0x2712),
+    (0x2714, 0x2714),
+    (0x2716, 0x2716),
+    (0x271D, 0x271D),
+    (0x2721, 0x2721),
+    (0x2728, 0x2728),
+    (0x2733, 0x2734),
+    (0x2744, 0x2744),
+    (0x2747, 0x2747),
+    (0x274C, 0x274C),
+    (0x274E, 0x274E),
+    (0x2753, 0x2755),
+    (0x2757, 0x2757),
+    (0x2763, 0x2767),
+    (0x2795, 0x2797),
+    (0x27A1, 0x27A1),
+    (0x27B0, 0x27B0),
+    (0x27BF, 0x27BF),
+    (0x2934, 0x2935),
+    (0x2B05, 0x2B07),
+    (0x2B1B, 0x2B1C),
+    (0x2B50, 0x2B50),
+    (0x2B55, 0x2B55),
+    (0x3030, 0x3030),
+    (0x303D, 0x303D),
+    (0x3297, 0x3297),
+    (0x3299, 0x3299),
+    (0x1F000, 0x1F0FF),
+    (0x1F10D, 0x1F10F),
+    (0x1F12F, 0x1F12F),
+    (0x1F16C, 0x1F171),
+    (0x1F17E, 0x1F17F),
+    (0x1F18E, 0x1F18E),
+    (0x1F191, 0x1F19A),
+    (0x1F1AD, 0x1F1E5),
+    (0x1F201, 0x1F20F),
+    (0x1F21A, 0x1F21A),
+    (0x1F22F, 0x1F22F),
+    (0x1F232, 0x1F23A),
+    (0x1F23C, 0x1F23F),
+    (0x1F249, 0x1F3FA),
+    (0x1F400, 0x1F53D),
+    (0x1F546, 0x1F64F),
+    (0x1F680, 0x1F6FF),
+    (0x1F774, 0x1F77F),
+    (0x1F7D5, 0x1F7FF),
+    (0x1F80C, 0x1F80F),
+    (0x1F848, 0x1F84F),
+    (0x1F85A, 0x1F85F),
+    (0x1F888, 0x1F88F),
+    (0x1F8AE, 0x1F8FF),
+    (0x1F90C, 0x1F93A),
+    (0x1F93C, 0x1F945),
+    (0x1F947, 0x1FAFF),
+    (0x1FC00, 0x1FFFD),
+)
+
+
+def _char_class(ranges: tuple[tuple[int, int], ...]) -> str:
+    return "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges)
+
+
+def _emoji(ranges: tuple[tuple[int, int], ...]) -> str:
+    pictographic = _char_class(ranges)
+    modifiers = "\\ufe0f\\U0001f3fb-\\U0001f3ff"
+    return rf"[{pictographic}][{modifiers}]*(?:\u200d[{pictographic}][{modifiers}]*)*|[\U0001f1e6-\U0001f1ff]{{1,2}}"
+
+
+#: ASCII text needs none of the corrections above: the fast path.
+_TOKEN = re.compile(r"_*[^\W_]\w*(?:(?:(?<=[a-zA-Z])[:.'](?=[a-zA-Z])|(?<=\d)[,;.'](?=\d))\w+)*", re.ASCII)
+_OTHER_NUMBER_RANGES = (
+    (0x00B2, 0x00B3),
+    (0x00B9, 0x00B9),
+    (0x00BC, 0x00BE),
+    (0x09F4, 0x09F9),
+    (0x0B72, 0x0B77),
+    (0x0BF0, 0x0BF2),
+    (0x0C78, 0x0C7E),
+    (0x0D58, 0x0D5E),
+    (0x0D70, 0x0D78),
+    (0x0F2A, 0x0F33),
+    (0x1369, 0x137C),
+    (0x17F0, 0x17F9),
+    (0x19DA, 0x19DA),
+    (0x2070, 0x2070),
+    (0x2074, 0x2079),
+    (0x2080, 0x2089),
+    (0x2150, 0x215F),
+    (0x2189, 0x2189),
+    (0x2460, 0x249B),
+    (0x24EA, 0x24FF),
+    (0x2776, 0x2793),
+    (0x2CFD, 0x2CFD),
+    (0x3192, 0x3195),
+    (0x3220, 0x3229),
+    (0x3248, 0x324F),
+    (0x3251, 0x325F),
+    (0x3280, 0x3289),
+    (0x32B1, 0x32BF),
+    (0xA830, 0xA835),
+    (0x10107, 0x10133),
+    (0x10175, 0x10178),
+    (0x1018A, 0x1018B),
+    (0x102E1, 0x102FB),
+    (0x10320, 0x10323),
+    (0x10858, 0x1085F),
+    (0x10879, 0x1087F),
+    (0x108A7, 0x108AF),
+    (0x108FB, 0x108FF),
+    (0x10916, 0x1091B),
+    (0x109BC, 0x109BD),
+    (0x109C0, 0x109CF),
+    (0x109D2, 0x109FF),
+    (0x10A40, 0x10A48),
+    (0x10A7D, 0x10A7E),
+    (0x10A9D, 0x10A9F),
+    (0x10AEB, 0x10AEF),
+    (0x10B58, 0x10B5F),
+    (0x10B78, 0x10B7F),
+    (0x10BA9, 0x10BAF),
+    (0x10CFA, 0x10CFF),
+    (0x10E60, 0x10E7E),
+    (0x10F1D, 0x10F26),
+    (0x10F51, 0x10F54),
+    (0x10FC5, 0x10FCB),
+    (0x11052, 0x11065),
+    (0x111E1, 0x111F4),
+    (0x1173A, 0x1173B),
+    (0x118EA, 0x118F2),
+    (0x11C5A, 0x11C6C),
+    (0x11FC0, 0x11FD4),
+    (0x16B5B, 0x16B61),
+    (0x16E80, 0x16E96),
+    (0x1D2E0, 0x1D2F3),
+    (0x1D360, 0x1D378),
+    (0x1E8C7, 0x1E8CF),
+    (0x1EC71, 0x1ECAB),
+    (0x1ECAD, 0x1ECAF),
+    (0x1ECB1, 0x1ECB4),
+    (0x1ED01, 0x1ED2D),
+    (0x1ED2F, 0x1ED3D),
+    (0x1F100, 0x1F10C),
+)
 _IDEOGRAPH = re.compile(r"[\u3040-\u309f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _POSSESSIVE = ("'s", "'S", "\u2019s", "\u2019S", "\uff07s", "\uff07S")
 
-FILES = ("bm25_indptr.npy", "bm25_docs.npy", "bm25_weights.npy", "bm25_vocab.json")
+
+# Character classes with ranges beyond U+FFFF make every character's test a walk over the ranges,
+# so text within the Basic Multilingual Plane (nearly all of it) gets patterns without them.
+_BMP = 0xFFFF
+_TOKEN_BMP = re.compile(f"{_WORD}|{_emoji(tuple(r for r in _PICTOGRAPHIC_RANGES if r[1] <= _BMP))}")
+_TOKEN_ALL = re.compile(f"{_WORD}|{_emoji(_PICTOGRAPHIC_RANGES)}")
+_OTHER_NUMBER_BMP = re.compile(f"[{_char_class(tuple(r for r in _OTHER_NUMBER_RANGES if r[1] <= _BMP))}]")
+_OTHER_NUMBER_ALL = re.compile(f"[{_char_class(_OTHER_NUMBER_RANGES)}]")
+
+
+def tokenize(text: str) -> list[str]:
+    """Split ``text`` into the words Lucene's StandardTokenizer emits (case kept).
+
+    Args:
+        text: Any string.
+
+    Returns:
+        The tokens in order.
+    """
+    if text.isascii():
+        return _TOKEN.findall(text)
+    # Java lower-cases İ to i (one character); Han and Hiragana are single-character tokens.
+    text = _IDEOGRAPH.sub(r" \g<0> ", text).replace("\u0130", "i")
+    if max(text) <= "\uffff":
+        return _TOKEN_BMP.findall(_OTHER_NUMBER_BMP.sub(" ", text))
+    return _TOKEN_ALL.findall(_OTHER_NUMBER_ALL.sub(" ", text))
 
 
 @dataclass(frozen=True)
@@ -145,47 +530,21 @@ class BM25Settings:
     """Quantise document lengths through Lucene's one-byte norm, as Lucene does."""
 
 
-def _measure(stem: str) -> int:
-    """Porter's m: the number of vowel-consonant sequences in ``stem`` (y after a consonant is a vowel)."""
-    m, prev_vowel = 0, False
-    for i, ch in enumerate(stem):
-        vowel = ch in "aeiou" or (ch == "y" and i > 0 and not prev_vowel)
-        if prev_vowel and not vowel:
-            m += 1
-        prev_vowel = vowel
-    return m
+_MISSING = object()
+#: raw token -> its index term, or None for a token that yields none (a stop word); per process.
+_TERMS: dict[str, str | None] = {}
 
 
-class _Stemmer:
-    """Porter stemming with a per-process cache (queries repeat the same few thousand words)."""
-
-    def __init__(self) -> None:
-        import Stemmer  # PyStemmer: C extension, imports in about a millisecond
-
-        self._stem = Stemmer.Stemmer("porter").stemWord
-        self._cache: dict[str, str] = {}
-
-    def _lucene_departures(self, stem: str) -> str:
-        # Porter's reference code, which Lucene copies, departs from the published algorithm in step 2:
-        # (m>0) BLI -> BLE (instead of ABLI -> ABLE) and (m>0) LOGI -> LOG. The Snowball stemmer
-        # follows the paper, so redo those two cases: "possibly" -> possibl, "biology" stays biologi.
-        if stem.endswith("bli") and _measure(stem[:-3]) > 0:
-            return self._stem(stem[:-1] + "e")
-        if stem.endswith("logi") and _measure(stem[:-4]) > 0:
-            return stem[:-1]
-        return stem
-
-    def __call__(self, word: str) -> str:
-        stem = self._cache.get(word)
-        if stem is None:
-            # Lucene's PorterStemmer leaves words of one or two characters alone.
-            stem = word if len(word) <= 2 else self._lucene_departures(self._stem(word))
-            if len(self._cache) < 1_000_000:
-                self._cache[word] = stem
-        return stem
-
-
-_STEMMER: _Stemmer | None = None
+def _term(token: str) -> str | None:
+    raw = token
+    if token.endswith(_POSSESSIVE):
+        token = token[:-2]
+    # Lucene lower-cases character by character: a capital sigma is always σ, never word-final ς.
+    word = token.lower() if token.isascii() else token.replace("\u03a3", "\u03c3").lower()
+    term = porter_stem(word) if word and word not in ENGLISH_STOP_WORDS else None
+    if len(_TERMS) < 2_000_000:
+        _TERMS[raw] = term
+    return term
 
 
 def analyze(text: str) -> list[str]:
@@ -197,19 +556,15 @@ def analyze(text: str) -> list[str]:
     Returns:
         The stemmed, lower-cased terms in order, stop words removed.
     """
-    global _STEMMER
-    if _STEMMER is None:
-        _STEMMER = _Stemmer()
-    stem = _STEMMER
+    # NOTE: a token's term depends on the token alone, so it is computed once per distinct token.
     terms = []
-    if not text.isascii():
-        text = _IDEOGRAPH.sub(r" \g<0> ", text).replace("\u0130", "i")  # Java lower-cases İ to i
-    for token in _TOKEN.findall(text):
-        if token.endswith(_POSSESSIVE):
-            token = token[:-2]
-        word = token.lower()
-        if word and word not in ENGLISH_STOP_WORDS:
-            terms.append(stem(word))
+    known = _TERMS.get
+    for token in tokenize(text):
+        term = known(token, _MISSING)
+        if term is _MISSING:
+            term = _term(token)
+        if term is not None:
+            terms.append(term)  # type: ignore[arg-type]
     return terms
 
 
@@ -233,6 +588,28 @@ _LENGTH_TABLE = np.array(
 )
 
 
+def lucene_norm_codes(lengths: np.ndarray) -> np.ndarray:
+    """Lucene's one-byte norm code (``SmallFloat.intToByte4``) of each document length.
+
+    Args:
+        lengths: Non-negative integer token counts.
+
+    Returns:
+        uint8 codes; :data:`LENGTH_TABLE` decodes them.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    codes = np.empty(len(lengths), dtype=np.uint8)
+    small = lengths < _FREE_VALUES
+    codes[small] = lengths[small]
+    big = np.flatnonzero(~small)
+    if len(big):
+        # intToByte4 per distinct length: a long document collection has few distinct long lengths.
+        values, inverse = np.unique(lengths[big], return_inverse=True)
+        coded = np.array([_FREE_VALUES + _long_to_int4(int(n) - _FREE_VALUES) for n in values], np.uint8)
+        codes[big] = coded[inverse]
+    return codes
+
+
 def lucene_length(lengths: np.ndarray) -> np.ndarray:
     """Round document lengths the way Lucene's one-byte norm does (exact below 24, ~3 bits above).
 
@@ -242,187 +619,89 @@ def lucene_length(lengths: np.ndarray) -> np.ndarray:
     Returns:
         The lengths Lucene's BM25 sees after ``SmallFloat.intToByte4`` / ``byte4ToInt``.
     """
-    codes = np.empty(len(lengths), dtype=np.int64)
-    small = lengths < _FREE_VALUES
-    codes[small] = lengths[small]
-    big = np.flatnonzero(~small)
-    codes[big] = [_FREE_VALUES + _long_to_int4(int(n) - _FREE_VALUES) for n in lengths[big]]
-    return _LENGTH_TABLE[codes]
+    return _LENGTH_TABLE[lucene_norm_codes(lengths)]
 
 
-def build_bm25(
-    contents: Iterable[str],
-    out: Path,
-    settings: BM25Settings,
-    *,
-    advance: Callable[[int], None] | None = None,
-) -> list[str]:
-    """Analyse every document and write the postings with precomputed BM25 weights under ``out``.
+def lucene_avgdl(total_terms: int, doc_count: int) -> np.float32:
+    """Lucene's average field length: ``(float) (sumTotalTermFreq / (double) docCount)``."""
+    return np.float32(total_terms / doc_count if doc_count else 1.0)
+
+
+def lucene_idf(doc_count: int, df: np.ndarray) -> np.ndarray:
+    """Lucene's BM25 idf per term, ``(float) Math.log(1 + (docCount - df + 0.5) / (df + 0.5))``.
 
     Args:
-        contents: One string per document, in internal-id order (title + newline + text).
-        out: An existing directory; the files in ``FILES`` are written there.
-        settings: BM25 parameters.
-        advance: Called with 1 after each document (drives the progress bar).
+        doc_count: Documents with at least one term (Lucene's ``docCount``).
+        df: Document frequency of each term.
 
     Returns:
-        The names of the files written, relative to ``out``.
+        float32 idf values.
     """
-    vocab: dict[str, int] = {}
-    term_ids: list[int] = []
-    lengths: list[int] = []
-    for text in contents:
-        terms = analyze(text)
-        for term in terms:
-            tid = vocab.get(term)
-            if tid is None:
-                tid = vocab[term] = len(vocab)
-            term_ids.append(tid)
-        lengths.append(len(terms))
-        if advance is not None:
-            advance(1)
-    n_docs = len(lengths)
-    doc_len = np.asarray(lengths, dtype=np.int64)
-    tids = np.asarray(term_ids, dtype=np.int64)
-    docs_of_tokens = np.repeat(np.arange(n_docs, dtype=np.int64), doc_len)
-    # One key per (term, doc) occurrence; unique() sorts them by term, then doc: that is the CSR order.
-    keys, tf = np.unique(tids * max(n_docs, 1) + docs_of_tokens, return_counts=True)
-    post_terms, post_docs = np.divmod(keys, max(n_docs, 1))
-    df = np.bincount(post_terms, minlength=len(vocab))
-    indptr = np.zeros(len(vocab) + 1, dtype=np.int64)
-    np.cumsum(df, out=indptr[1:])
-
-    n_with_field = int(np.count_nonzero(doc_len))
-    avgdl = float(doc_len.sum()) / n_with_field if n_with_field else 1.0
-    seen_len = lucene_length(doc_len) if settings.lucene_norms else doc_len.astype(np.float64)
-    norm = settings.k1 * ((1.0 - settings.b) + settings.b * seen_len / avgdl)
-    idf = np.log1p((n_with_field - df + 0.5) / (df + 0.5))
-    tf = tf.astype(np.float64)
-    weights = (idf[post_terms] * tf / (tf + norm[post_docs])).astype(np.float32)
-
-    np.save(out / FILES[0], indptr)
-    np.save(out / FILES[1], post_docs.astype(np.int32))
-    np.save(out / FILES[2], weights)
-    terms_in_order = sorted(vocab, key=vocab.__getitem__)
-    (out / FILES[3]).write_text(json.dumps(terms_in_order, ensure_ascii=False), encoding="utf-8")
-    return list(FILES)
+    df = np.asarray(df, dtype=np.int64)
+    return np.log(1.0 + ((doc_count - df) + 0.5) / (df + 0.5)).astype(np.float32)
 
 
-class NumpyBM25:
-    """Answers queries from the files :func:`build_bm25` wrote; read-only and thread-safe."""
+def lucene_norm_cache(avgdl: np.float32, settings: BM25Settings) -> np.ndarray:
+    """BM25Similarity's cache: ``1 / (k1 * ((1 - b) + b * LENGTH_TABLE[code] / avgdl))`` per norm code.
 
-    def __init__(self, path: Path, n_docs: int) -> None:
-        # Plain ndarray views over the memory maps: slicing np.memmap objects costs several times more.
-        self._indptr = np.asarray(np.load(path / FILES[0], mmap_mode="r"))
-        self._docs = np.asarray(np.load(path / FILES[1], mmap_mode="r"))
-        self._weights = np.asarray(np.load(path / FILES[2], mmap_mode="r"))
-        terms = json.loads((path / FILES[3]).read_text(encoding="utf-8"))
-        self._vocab = {term: i for i, term in enumerate(terms)}
-        self._n_docs = n_docs
-        self._local = threading.local()
-        self._path = path
-        self._pool: ProcessPoolExecutor | None = None
-        self._pool_size = 0
-        self._pool_lock = threading.Lock()
+    Args:
+        avgdl: :func:`lucene_avgdl` of the collection.
+        settings: k1 and b.
 
-    def _scores(self) -> np.ndarray:
-        # One zeroed accumulator per thread, restored to zero after each query: no O(N) work per query.
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = np.zeros(self._n_docs, dtype=np.float64)
-        return buf
-
-    def top_k(self, query: str, k: int) -> list[tuple[int, float]]:
-        """Return the best (internal doc id, score) pairs, best first, ties not yet broken.
-
-        A few more than ``k`` come back so the caller can break ties at the cut by document id.
-        """
-        counts: dict[int, int] = {}
-        for term in analyze(query):
-            tid = self._vocab.get(term)
-            if tid is not None:
-                counts[tid] = counts.get(tid, 0) + 1
-        if not counts:
-            return []
-        scores = self._scores()
-        parts = []
-        for tid, boost in counts.items():
-            start, end = self._indptr[tid], self._indptr[tid + 1]
-            docs = self._docs[start:end]
-            weights = self._weights[start:end]
-            # NOTE: a term's postings hold each document once, so this fancy-index add is exact.
-            scores[docs] += weights * boost if boost > 1 else weights
-            parts.append(docs)
-        candidates = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        values = scores[candidates]
-        scores[candidates] = 0.0
-        # A document occurs at most once per term, so the best (k + 8) * terms entries hold at least
-        # k + 8 distinct documents: enough to cut at k after Anserini-style rounding and tie-breaking.
-        want = min(len(values), (k + 8) * len(parts))
-        if want < len(values):
-            top = np.argpartition(values, len(values) - want)[len(values) - want :]
-            candidates, values = candidates[top], values[top]
-        docs, first = np.unique(candidates, return_index=True)
-        values = values[first]
-        if len(docs) > k + 8:
-            keep = np.argpartition(values, len(values) - k - 8)[len(values) - k - 8 :]
-            docs, values = docs[keep], values[keep]
-        return list(zip(docs.tolist(), values.tolist(), strict=True))
-
-    def top_k_batch(self, queries: Sequence[str], k: int, threads: int = 1) -> list[list[tuple[int, float]]]:
-        """:meth:`top_k` over many queries, on ``threads`` worker processes when that pays off.
-
-        Why processes: numpy's fancy indexing holds the GIL, so threads cannot run two queries at
-        once. The workers (started once per index, by a fork server so a running JVM or thread pool in
-        this process is never forked) memory-map the same files, so they cost no extra copy.
-        """
-        if threads <= 1 or len(queries) < 8 * threads:
-            return [self.top_k(q, k) for q in queries]
-        pool = self._workers(threads)
-        size = max(1, len(queries) // (4 * threads))
-        chunks = [list(queries[i : i + size]) for i in range(0, len(queries), size)]
-        results: list[list[tuple[int, float]]] = []
-        for part in pool.map(_search_chunk, chunks, [k] * len(chunks)):
-            results.extend(part)
-        return results
-
-    def _workers(self, threads: int) -> ProcessPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None or self._pool_size != threads:
-                if self._pool is not None:
-                    self._pool.shutdown()
-                import multiprocessing
-
-                self._pool = ProcessPoolExecutor(
-                    max_workers=threads,
-                    mp_context=multiprocessing.get_context("forkserver"),
-                    initializer=_start_worker,
-                    initargs=(str(self._path), self._n_docs),
-                )
-                self._pool_size = threads
-            return self._pool
-
-    def close(self) -> None:
-        """Stop the worker processes, if any were started (idempotent)."""
-        with self._pool_lock:
-            if self._pool is not None:
-                self._pool.shutdown()
-                self._pool = None
+    Returns:
+        float32 [256]: the factor a term frequency is multiplied by, per one-byte norm code, each
+        entry computed in float exactly as Lucene computes it.
+    """
+    k1, b, one = np.float32(settings.k1), np.float32(settings.b), np.float32(1.0)
+    table = _LENGTH_TABLE.astype(np.float32)
+    return (one / (k1 * ((one - b) + b * table / avgdl))).astype(np.float32)
 
 
-_WORKER: NumpyBM25 | None = None
+def lucene_norm_inverse(lengths: np.ndarray, avgdl: np.float32, settings: BM25Settings) -> np.ndarray:
+    """Each document's normInverse: :func:`lucene_norm_cache` at its norm code (or, without Lucene's
+    norms, the same formula at its exact length).
+
+    Args:
+        lengths: Token counts per document.
+        avgdl: :func:`lucene_avgdl` of the collection.
+        settings: k1, b, and whether lengths go through the one-byte norm.
+
+    Returns:
+        float32 per document.
+    """
+    if settings.lucene_norms:
+        return lucene_norm_cache(avgdl, settings)[lucene_norm_codes(lengths)]
+    k1, b, one = np.float32(settings.k1), np.float32(settings.b), np.float32(1.0)
+    seen = np.asarray(lengths).astype(np.float32)
+    return (one / (k1 * ((one - b) + b * seen / avgdl))).astype(np.float32)
 
 
-def _start_worker(path: str, n_docs: int) -> None:
-    global _WORKER
-    _WORKER = NumpyBM25(Path(path), n_docs)
+def lucene_term_scores(weight: np.ndarray, tf: np.ndarray, norm_inverse: np.ndarray) -> np.ndarray:
+    """Lucene's float score of each (term, document) pair: ``weight - weight / (1 + tf * normInverse)``.
+
+    All three arrays are float32 (``weight = boost * idf``); the result is float32, operation for
+    operation what ``BM25Scorer.score`` computes.
+    """
+    return weight - weight / (np.float32(1.0) + tf.astype(np.float32) * norm_inverse)
 
 
-def _search_chunk(queries: list[str], k: int) -> list[list[tuple[int, float]]]:
-    assert _WORKER is not None, "worker not initialised"
-    return [_WORKER.top_k(q, k) for q in queries]
+def anserini_display(scores: Sequence[float]) -> list[float]:
+    """The scores Anserini shows for a ranked list (its ``ScoreTiesAdjusterReranker``).
 
-
-def idf(n_docs: int, df: int) -> float:
-    """Lucene's BM25 idf; exposed for tests that check scores by hand."""
-    return math.log1p((n_docs - df + 0.5) / (df + 0.5))
+    Each float score is rounded to four decimals in double (``(float) (Math.round(score * 1e4) /
+    1e4)``); a score within 1e-4 of the previous one is then lowered by 1e-6 per tie, in float, so
+    the shown scores keep the ranked order.
+    """
+    if not scores:
+        return []
+    scaled = np.asarray(scores, dtype=np.float32).astype(np.float64) * 1e4
+    shown = (np.floor(scaled + 0.5) / 1e4).astype(np.float32)
+    if np.any(shown[:-1] - shown[1:] <= np.float32(1e-4)):  # rare: each nudge moves the next comparison
+        dup = 0
+        for i in range(1, len(shown)):
+            if shown[i - 1] - shown[i] > np.float32(1e-4):
+                dup = 0
+            else:
+                dup += 1
+                shown[i] = shown[i] - np.float32(1e-6) * np.float32(dup)
+    return [float(x) for x in shown]

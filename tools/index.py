@@ -3,22 +3,28 @@
 Two backends rank with the same BM25 (Lucene's, as Anserini configures it) over the same input — each
 document's title, a newline, then its text:
 
-* ``default`` — :mod:`toolgym.tools.bm25`, in-process numpy, no server and no Java; the base install.
+* ``default`` — :mod:`toolgym.tools.bm25` (in-process; a C kernel over memory-mapped numpy arrays,
+  no server and no Java); the base install. Same scores and order as the Lucene backend, bit for bit.
 * ``pyserini`` — Lucene itself via :mod:`toolgym.tools.lucene` (extra ``toolgym[pyserini]``); the
   reference the default backend is measured against.
 
 On-disk layout (one directory per index)::
 
     manifest.json        format, backend, cache key, corpus hash, settings, size and sha256 of every file
-    docs_ids.json        external ids in internal order
-    docs.bin             UTF-8 titles and texts, back to back; docs_offsets.npy says where each starts
-    bm25_*.npy / lucene/ the backend's own files
+    verified.json        when each file's checksum was last verified (see index_manifest)
+    docs.bin, docs_offsets.npy, docs_ids.*
+                         the document store (toolgym.tools.doc_store): texts and external ids
+    bm25*.npy, bm25*.bin, bm25.json / lucene/
+                         the backend's own files (toolgym.tools.bm25_build lists the default's)
 
-An index is written to a temporary sibling directory and renamed into place only when complete, so a
-killed build leaves no half-index under the real name. Opening verifies every file against the
-manifest: a truncated or altered index is never used silently. :func:`build_index` then logs a warning
-and rebuilds it (it has the corpus); :func:`load_index` raises :class:`~toolgym.errors.BackendError`
-saying how to fix it.
+A build streams its corpus: each document is checked, hashed and appended to the store as it
+arrives, so memory holds ids, not texts. It writes into a temporary sibling directory renamed into
+place only when complete, so a killed build leaves no half-index under the real name. Opening checks
+every file against the manifest, its size always and its sha256 unless the file is unchanged since
+it was last verified (:mod:`toolgym.tools.index_manifest`): a truncated or altered index is never
+used silently. :func:`build_index` then logs a warning and rebuilds it (it has the corpus);
+:func:`load_index` raises :class:`~toolgym.errors.BackendError` saying how to fix it. Opening reads no
+file whole, so it costs the same for a thousand documents or a million.
 
 Cache directory: ``$TOOLGYM_CACHE/index`` if ``TOOLGYM_CACHE`` is set, else ``~/.cache/toolgym/index``;
 the directory name is the backend plus a hash of the corpus content and the ranking settings, so the
@@ -38,10 +44,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-
 from toolgym.data import iter_jsonl
 from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError, did_you_mean
+from toolgym.tools.bm25 import anserini_display
+from toolgym.tools.doc_store import DOC_FILES, DocumentStore, DocumentWriter
 from toolgym.tools.index_manifest import FORMAT, MANIFEST, file_table, fix_hint, read_manifest
 
 __all__ = [
@@ -61,7 +67,6 @@ log = logging.getLogger(__name__)
 BACKENDS = ("default", "pyserini")
 #: Largest ``k`` a search accepts: deeper lists are a mistake in an agent's call, not a need.
 MAX_K = 1000
-_DOC_FILES = ("docs_ids.json", "docs.bin", "docs_offsets.npy")
 
 
 @dataclass(frozen=True)
@@ -117,16 +122,19 @@ def _settings(backend: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- corpus
 
 
-def _validate(records: Iterable[tuple[str, Any]]) -> tuple[list[str], list[str], list[str]]:
-    """Check every record and split the collection into ids, titles and texts.
+class _CorpusWriter:
+    """Checks, hashes and stores documents one at a time (the streaming half of a build).
 
-    ``records`` pairs each document with a label for messages (``file:line`` or ``document N``).
+    ``records`` pair each document with a label for messages (``file:line`` or ``document N``).
     """
-    ids: list[str] = []
-    titles: list[str] = []
-    texts: list[str] = []
-    first_seen: dict[str, str] = {}
-    for label, doc in records:
+
+    def __init__(self, out: Path) -> None:
+        self.ids: list[str] = []
+        self._first_seen: dict[str, str] = {}
+        self._digest = hashlib.sha256()
+        self._writer = DocumentWriter(out)
+
+    def add(self, label: str, doc: Any) -> None:
         if not isinstance(doc, dict):
             raise ConfigError(
                 f"{label}: expected a JSON object with id, title and text, got {type(doc).__name__}"
@@ -142,31 +150,36 @@ def _validate(records: Iterable[tuple[str, Any]]) -> tuple[list[str], list[str],
         doc_id = doc["id"]
         if not doc_id.strip():
             raise ConfigError(f"{label}: 'id' is empty; every document needs a unique non-empty id")
-        if doc_id in first_seen:
+        if doc_id in self._first_seen:
             raise ConfigError(
-                f"{label}: duplicate id {doc_id!r} (first used at {first_seen[doc_id]}); ids must be unique"
+                f"{label}: duplicate id {doc_id!r} (first used at {self._first_seen[doc_id]}); ids must be unique"
             )
-        first_seen[doc_id] = label
-        ids.append(doc_id)
-        titles.append(doc["title"])
-        texts.append(doc["text"])
-    if not ids:
-        raise ConfigError("the corpus is empty; an index needs at least one document")
-    return ids, titles, texts
+        self._first_seen[doc_id] = label
+        self.ids.append(doc_id)
+        # The corpus hash: one JSON row per document, as it has always been computed.
+        self._digest.update(
+            json.dumps((doc_id, doc["title"], doc["text"]), ensure_ascii=False).encode("utf-8")
+        )
+        self._digest.update(b"\n")
+        self._writer.add(doc["title"], doc["text"])
+
+    def finish(self) -> str:
+        """Write the store's remaining files; returns the corpus hash."""
+        self._first_seen.clear()
+        if not self.ids:
+            self._writer.close()
+            raise ConfigError("the corpus is empty; an index needs at least one document")
+        self._writer.finish(self.ids)
+        return self._digest.hexdigest()
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def _read_corpus(path: Path) -> Iterator[tuple[str, Any]]:
     """Yield (``file:line``, parsed JSON) for each non-blank line of a JSONL (or .jsonl.gz) file."""
     for lineno, record in iter_jsonl(path, what="corpus file (expected JSONL with id, title, text per line)"):
         yield f"{path}:{lineno}", record
-
-
-def _corpus_hash(ids: Sequence[str], titles: Sequence[str], texts: Sequence[str]) -> str:
-    digest = hashlib.sha256()
-    for row in zip(ids, titles, texts, strict=True):
-        digest.update(json.dumps(row, ensure_ascii=False).encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------- index
@@ -183,23 +196,21 @@ class Index:
         self._manifest = manifest
         self._backend: str = manifest["backend"]
         self._n_docs: int = manifest["n_docs"]
-        try:
-            self._ids: list[str] = json.loads((path / _DOC_FILES[0]).read_text(encoding="utf-8"))
-            self._offsets = np.load(path / _DOC_FILES[2], mmap_mode="r")
-            self._store = (
-                np.memmap(path / _DOC_FILES[1], dtype=np.uint8, mode="r") if self._offsets[-1] else None
-            )
-        except (OSError, ValueError) as exc:
-            raise BackendError(
-                f"cannot read the document store of {path} ({exc}). {fix_hint(path)}"
-            ) from None
-        self._positions: dict[str, int] | None = None
         self._ranker: _Ranker
-        if self._backend == "default":
-            from toolgym.tools.bm25 import NumpyBM25
+        try:
+            self._store = DocumentStore(path)
+            if self._backend == "default":
+                from toolgym.tools.bm25_search import BM25Ranker
 
-            self._ranker = NumpyBM25(path, self._n_docs)
-        else:
+                self._ranker = BM25Ranker(path)
+        except (OSError, ValueError, KeyError) as exc:
+            raise BackendError(f"cannot read the index at {path} ({exc}). {fix_hint(path)}") from None
+        if len(self._store) != self._n_docs:
+            raise BackendError(
+                f"the index at {path} stores {len(self._store)} documents, its manifest says "
+                f"{self._n_docs}. {fix_hint(path)}"
+            )
+        if self._backend != "default":
             from toolgym.tools.lucene import LuceneBM25
 
             self._ranker = LuceneBM25(path / "lucene")
@@ -235,9 +246,11 @@ class Index:
     def _hits(self, found: list[tuple[Any, float]], k: int) -> list[Hit]:
         if self._backend != "default":
             return [Hit(doc_id, score) for doc_id, score in found[:k]]
-        # Anserini reports scores rounded to 4 decimals and breaks ties by document id; do the same.
-        ranked = sorted(((-round(score, 4), self._ids[i]) for i, score in found))
-        return [Hit(doc_id, float(np.float32(-neg))) for neg, doc_id in ranked[:k]]
+        # Already in Anserini's order; show the scores as Anserini does (4 decimals, ties nudged).
+        ids = self._store.ids
+        assert ids is not None
+        shown = anserini_display([score for _, score in found[:k]])
+        return [Hit(ids.get(position), score) for (position, _), score in zip(found, shown, strict=False)]
 
     def search(self, query: str, k: int = 10) -> list[Hit]:
         """The ``k`` best documents for ``query`` by BM25, best first (fewer if fewer match).
@@ -261,15 +274,14 @@ class Index:
             UnknownDocument: no document has this id.
             BackendError: the stored bytes are not UTF-8 (the files changed on disk after opening).
         """
-        if self._positions is None:
-            self._positions = {d: i for i, d in enumerate(self._ids)}
-        pos = self._positions.get(doc_id) if isinstance(doc_id, str) else None
-        if pos is None:
+        ids = self._store.ids
+        assert ids is not None
+        position = ids.find(doc_id) if isinstance(doc_id, str) else -1
+        if position < 0:
             raise UnknownDocument(doc_id)
-        start, mid, end = (int(x) for x in self._offsets[2 * pos : 2 * pos + 3])
-        raw = self._store[start:end].tobytes() if self._store is not None else b""
+        raw_title, raw_text = self._store.raw(position)
         try:
-            title, text = raw[: mid - start].decode("utf-8"), raw[mid - start :].decode("utf-8")
+            title, text = raw_title.decode("utf-8"), raw_text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BackendError(
                 f"the index at {self._path} is corrupt: document {doc_id!r} is not UTF-8 ({exc}); its "
@@ -302,32 +314,32 @@ def _progress(total: int, label: str) -> Any:
     return progress, progress.add_task(label, total=total)
 
 
-def _write(
-    tmp: Path, backend: str, key: str, corpus_sha: str, ids: list[str], titles: list[str], texts: list[str]
-) -> dict[str, Any]:
-    (tmp / _DOC_FILES[0]).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
-    offsets = np.zeros(2 * len(ids) + 1, dtype=np.int64)
-    pos = 0
-    with open(tmp / _DOC_FILES[1], "wb") as fh:
-        for i, (title, text) in enumerate(zip(titles, texts, strict=True)):
-            for j, part in enumerate((title, text)):
-                data = part.encode("utf-8")
-                fh.write(data)
-                pos += len(data)
-                offsets[2 * i + j + 1] = pos
-    np.save(tmp / _DOC_FILES[2], offsets)
+def _store_corpus(records: Iterable[tuple[str, Any]], tmp: Path) -> tuple[list[str], str]:
+    """Check, hash and store every document under ``tmp``; returns the ids and the corpus hash."""
+    writer = _CorpusWriter(tmp)
+    try:
+        for label, doc in records:
+            writer.add(label, doc)
+        return writer.ids, writer.finish()
+    except BaseException:
+        writer.close()
+        raise
 
-    contents = (f"{title}\n{text}" for title, text in zip(titles, texts, strict=True))
+
+def _index_files(tmp: Path, backend: str, key: str, corpus_sha: str, ids: list[str]) -> dict[str, Any]:
+    """Build the backend's files beside the stored documents in ``tmp``, then its manifest."""
     progress, task = _progress(len(ids), f"indexing {len(ids):,} documents ({backend})")
     advance: Callable[[int], None] = lambda n: progress.advance(task, n)  # noqa: E731
     with progress:
         if backend == "default":
-            from toolgym.tools.bm25 import BM25Settings, build_bm25
+            from toolgym.tools.bm25 import BM25Settings
+            from toolgym.tools.bm25_build import build_bm25
 
-            build_bm25(contents, tmp, BM25Settings(), advance=advance)
+            build_bm25(tmp, tmp, ids, BM25Settings(), advance=advance)
         else:
             from toolgym.tools.lucene import build_lucene
 
+            contents = DocumentStore(tmp, with_ids=False).contents()
             build_lucene(ids, contents, tmp / "lucene", advance=advance)
     manifest = {
         "format": FORMAT,
@@ -344,36 +356,42 @@ def _write(
 
 def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | None) -> Index:
     _check_backend(backend)
-    ids, titles, texts = _validate(records)
-    corpus_sha = _corpus_hash(ids, titles, texts)
-    key_src = json.dumps(
-        {"format": FORMAT, "backend": backend, "settings": _settings(backend), "corpus": corpus_sha}
-    )
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
-    target = Path(path) if path is not None else cache_dir() / f"{backend}-{key}"
-
-    if target.exists():
-        try:
-            manifest = read_manifest(target)
-        except BackendError as exc:
-            ours = (target / MANIFEST).exists() or any((target / n).exists() for n in _DOC_FILES)
-            if not target.is_dir() or (any(target.iterdir()) and not ours):
-                raise ConfigError(
-                    f"{target} exists and is not a toolgym index; refusing to overwrite it. "
-                    "Fix: pass another path, or remove the directory"
-                ) from None
-            log.warning("%s -- rebuilding it from the corpus", exc)
-        else:
-            if manifest.get("key") == key:
-                log.info("search index cache hit: %s", target)
-                return Index(target, manifest)
-            log.warning("the index at %s was built from another corpus or settings; rebuilding it", target)
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    given = Path(path) if path is not None else None
+    parent = given.parent if given is not None else cache_dir()
+    parent.mkdir(parents=True, exist_ok=True)
+    # The corpus is streamed into the store as it is read: where it goes is known only from its
+    # hash, so it goes to a temporary sibling first (same file system, so the final rename is atomic).
+    name = given.name if given is not None else "index"
+    tmp = parent / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        manifest = _write(tmp, backend, key, corpus_sha, ids, titles, texts)
+        ids, corpus_sha = _store_corpus(records, tmp)
+        key_src = json.dumps(
+            {"format": FORMAT, "backend": backend, "settings": _settings(backend), "corpus": corpus_sha}
+        )
+        key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
+        target = given if given is not None else cache_dir() / f"{backend}-{key}"
+
+        if target.exists():
+            try:
+                manifest = read_manifest(target)
+            except BackendError as exc:
+                ours = (target / MANIFEST).exists() or any((target / n).exists() for n in DOC_FILES)
+                if not target.is_dir() or (any(target.iterdir()) and not ours):
+                    raise ConfigError(
+                        f"{target} exists and is not a toolgym index; refusing to overwrite it. "
+                        "Fix: pass another path, or remove the directory"
+                    ) from None
+                log.warning("%s -- rebuilding it from the corpus", exc)
+            else:
+                if manifest.get("key") == key:
+                    log.info("search index cache hit: %s", target)
+                    return Index(target, manifest)
+                log.warning(
+                    "the index at %s was built from another corpus or settings; rebuilding it", target
+                )
+
+        manifest = _index_files(tmp, backend, key, corpus_sha, ids)
         old = None
         if target.exists():
             old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
@@ -403,7 +421,7 @@ def build_index(
 
     Args:
         docs: ``{"id", "title", "text"}`` dicts; ids unique and non-empty.
-        backend: ``"default"`` (in-process numpy BM25) or ``"pyserini"`` (Lucene, extra ``toolgym[pyserini]``).
+        backend: ``"default"`` (in-process BM25) or ``"pyserini"`` (Lucene, extra ``toolgym[pyserini]``).
         path: Where to keep the index; defaults to the cache directory, keyed by corpus and settings.
 
     Raises:
@@ -415,7 +433,7 @@ def build_index(
 
 
 def load_index(path: str | Path) -> Index:
-    """Open an index directory written by :func:`build_index` after verifying every file.
+    """Open an index directory written by :func:`build_index` after checking every file (module docstring).
 
     Raises:
         BackendError: the directory is missing, incomplete or corrupt (the message says how to fix it).

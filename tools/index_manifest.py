@@ -3,22 +3,42 @@
 :func:`file_table` lists a finished index's files; :func:`read_manifest` verifies a directory against
 its ``manifest.json`` and raises :class:`~toolgym.errors.BackendError` with the fix when a file is
 missing, truncated, altered or from another format version (see :mod:`toolgym.tools.index`).
+
+Hashing a million-passage index takes seconds, so opening it in milliseconds needs a shortcut, the
+one ``git status`` takes: after a file's sha256 has been verified, its stat signature (size, mtime,
+ctime, inode, device) goes into ``verified.json`` beside the manifest; a later open whose stat matches
+skips the hash. Any write to a file changes its ctime, which no program can set back, so a file
+changed since it was verified is always hashed again. Timestamps are coarse (a few milliseconds), so a
+file modified within ``RACY_SECONDS`` of being verified is not stamped (it is hashed again next time,
+as git treats "racily clean" entries). Without a writable directory there are no stamps and every
+open hashes every file, as before. What the stamps do not cover: bits that rot on the disk without
+any write (no ctime change); ``read_manifest(path, verify="full")`` hashes everything regardless.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
+import time
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from toolgym.errors import BackendError
 
-__all__ = ["FORMAT", "MANIFEST", "file_table", "fix_hint", "read_manifest", "sha256_file"]
+__all__ = ["FORMAT", "MANIFEST", "VERIFIED", "file_table", "fix_hint", "read_manifest", "sha256_file"]
+
+log = logging.getLogger(__name__)
 
 #: Version of the on-disk layout; an index of another version is rebuilt (or refused by load_index).
-FORMAT = 1
+FORMAT = 2
 MANIFEST = "manifest.json"
+VERIFIED = "verified.json"
+#: A file changed this recently is not stamped: another change within the same timestamp tick could
+#: go unseen.
+RACY_SECONDS = 2.0
 
 
 def sha256_file(path: Path) -> str:
@@ -30,7 +50,7 @@ def sha256_file(path: Path) -> str:
 
 
 def file_table(root: Path) -> dict[str, dict[str, Any]]:
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, VERIFIED))
     return {
         p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files
     }
@@ -43,8 +63,37 @@ def fix_hint(path: Path) -> str:
     )
 
 
-def read_manifest(path: Path, *, verify: bool = True) -> dict[str, Any]:
+def _signature(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _load_stamps(path: Path, manifest_digest: str) -> dict[str, list[int]]:
+    try:
+        data = json.loads((path / VERIFIED).read_text(encoding="utf-8"))
+        if data.get("manifest_sha256") == manifest_digest and isinstance(data.get("files"), dict):
+            return {str(k): list(v) for k, v in data["files"].items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # no stamps, or unreadable ones: verify everything
+    return {}
+
+
+def _save_stamps(path: Path, manifest_digest: str, stamps: dict[str, list[int]]) -> None:
+    tmp = path / f".{VERIFIED}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(json.dumps({"manifest_sha256": manifest_digest, "files": stamps}), encoding="utf-8")
+        os.replace(tmp, path / VERIFIED)
+    except OSError as exc:  # a read-only index: it is simply verified in full on every open
+        log.debug("cannot record verified files in %s (%s)", path, exc)
+        tmp.unlink(missing_ok=True)
+
+
+def read_manifest(path: Path, *, verify: bool | Literal["full"] = True) -> dict[str, Any]:
     """Return the manifest of the index at ``path`` after checking every file against it.
+
+    Args:
+        path: The index directory.
+        verify: ``True``: sizes always, and the sha256 of every file not verified unchanged since
+            (see the module docstring); ``"full"``: the sha256 of every file; ``False``: sizes only.
 
     Raises:
         BackendError: the directory is missing, incomplete, altered or from another format version.
@@ -52,7 +101,8 @@ def read_manifest(path: Path, *, verify: bool = True) -> dict[str, Any]:
     if not path.is_dir():
         raise BackendError(f"no index at {path} (not a directory). {fix_hint(path)}")
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        raw = (path / MANIFEST).read_bytes()
+        manifest = json.loads(raw.decode("utf-8"))
         files = manifest["files"]
         fmt = manifest["format"]
     except FileNotFoundError:
@@ -67,17 +117,32 @@ def read_manifest(path: Path, *, verify: bool = True) -> dict[str, Any]:
         raise BackendError(
             f"the index at {path} has format {fmt!r}, this toolgym reads {FORMAT}. {fix_hint(path)}"
         )
+    digest = hashlib.sha256(raw).hexdigest()
+    stamps = _load_stamps(path, digest) if verify is True else {}
+    verified: dict[str, list[int]] = {}
+    settled = time.time_ns() - int(RACY_SECONDS * 1e9)
     for name, meta in files.items():
         file = path / name
         try:
-            size = file.stat().st_size
+            st = file.stat()
         except OSError:
             raise BackendError(f"the index at {path} lacks {name}. {fix_hint(path)}") from None
-        if size != meta["size"]:
+        if st.st_size != meta["size"]:
             raise BackendError(
-                f"the index at {path} is corrupt: {name} has {size} bytes, the manifest says {meta['size']}. "
-                + fix_hint(path)
+                f"the index at {path} is corrupt: {name} has {st.st_size} bytes, the manifest says "
+                f"{meta['size']}. " + fix_hint(path)
             )
-        if verify and sha256_file(file) != meta["sha256"]:
-            raise BackendError(f"the index at {path} is corrupt: {name} fails its checksum. {fix_hint(path)}")
+        if not verify:
+            continue
+        signature = _signature(st)
+        if stamps.get(name) != signature:
+            if sha256_file(file) != meta["sha256"]:
+                raise BackendError(
+                    f"the index at {path} is corrupt: {name} fails its checksum. {fix_hint(path)}"
+                )
+            if max(st.st_mtime_ns, st.st_ctime_ns) >= settled:
+                continue  # too recent to trust its timestamps: hashed again next time
+        verified[name] = signature
+    if verify and verified != stamps:
+        _save_stamps(path, digest, verified)
     return manifest

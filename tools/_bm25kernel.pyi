@@ -1,0 +1,19 @@
+"""Type information for the C extension built from tools/_bm25kernel.c."""
+
+from collections.abc import Buffer
+
+class Ranker:
+    def __init__(
+        self,
+        docs: Buffer,
+        tfs: Buffer,
+        norms: Buffer,
+        idrank: Buffer,
+        indptr: Buffer,
+        blockptr: Buffer,
+        blockmax: Buffer,
+        blocklast: Buffer,
+        idf: Buffer,
+        block: int,
+    ) -> None: ...
+    def search(self, term_ids: Buffer, boosts: Buffer, k: int, /) -> list[tuple[int, float]]: ...

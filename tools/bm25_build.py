@@ -1,0 +1,510 @@
+"""Build the default backend's postings: analysis on every core, memory bounded by spilled runs.
+
+The build reads documents from the index's document store (:mod:`toolgym.tools.doc_store`), never
+from a corpus held in memory, in three steps:
+
+1. **Analyse** (the expensive part: :func:`toolgym.tools.bm25.analyze` is Python) tasks of
+   ``TASK_DOCS`` documents, in worker processes when the collection is large. A worker returns its
+   task's local vocabulary and token ids; the parent maps them to global term ids in task order, so
+   the index is byte-identical whatever the number of workers.
+2. **Spill runs**: once ``RUN_TOKENS`` tokens are buffered, their (term, document, tf) triples are
+   counted with one sort and written to a run file, sorted by term then document. Memory holds one
+   run, not the collection.
+3. **Merge** terms in ranges of about ``MERGE_POSTINGS`` postings: each run's slice for the range is
+   read back and scattered to its place (runs are in document order, so a term's postings come out
+   sorted), Lucene's float score of every posting gives the block maxima, and the arrays are appended
+   to their ``.npy`` files. Nothing is memory-mapped for writing, so the build's RSS is the working
+   set, not the index size.
+
+Files written (all little-endian ``.npy`` arrays unless named otherwise)::
+
+    bm25.json                 format facts: block size, avgdl, docCount, counts, tf width
+    bm25_indptr.npy           int64 [terms + 1]: term t's postings are [indptr[t], indptr[t + 1])
+    bm25_docs.npy             uint32 [postings]: document positions, ascending within a term
+    bm25_tfs.npy              uint8/uint16/uint32 [postings]: term frequencies
+    bm25_blockptr.npy         int64 [terms + 1]: term t's blocks of BLOCK postings
+    bm25_blockmax.npy         float32 [blocks]: the block's highest boost-1 Lucene score
+    bm25_blocklast.npy        uint32 [blocks]: the block's last document
+    bm25_idf.npy              float32 [terms]: Lucene's idf
+    bm25_norms.npy            uint8 [documents]: Lucene's one-byte length norm code (float32
+                              normInverse per document when Lucene's norms are off)
+    bm25_normcache.npy        float32 [256]: normInverse = 1 / (k1 * (1 - b + b * length / avgdl))
+                              per norm code, as BM25Similarity caches it (empty without the norms)
+    bm25_idrank.npy           uint32 [documents]: rank of the external id in sorted order (tie-break)
+    bm25_terms.bin, bm25_terms_offsets.npy, bm25_terms_slots.npy
+                              the vocabulary, term id <-> term (:mod:`toolgym.tools.string_table`)
+
+Parallelism: workers are plain ``python`` subprocesses speaking a small pipe protocol (not
+``multiprocessing``), so a build never re-imports the caller's ``__main__`` script and works from an
+unguarded script, a notebook or a process that runs a JVM. ``TOOLGYM_INDEX_WORKERS`` sets their
+number (default: the CPUs this process may use, at most 8; collections under ``PARALLEL_MIN_DOCS``
+documents are analysed in-process).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import traceback
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from toolgym.errors import BackendError
+from toolgym.tools.bm25 import (
+    BM25Settings,
+    analyze,
+    lucene_avgdl,
+    lucene_idf,
+    lucene_norm_cache,
+    lucene_norm_codes,
+    lucene_norm_inverse,
+    lucene_term_scores,
+)
+from toolgym.tools.doc_store import DocumentStore
+from toolgym.tools.string_table import string_table_files, write_string_table
+
+__all__ = ["BLOCK", "FILES", "build_bm25", "worker_count"]
+
+log = logging.getLogger(__name__)
+
+#: Postings per block (the unit of block-max bounds and of skipping).
+BLOCK = 128
+TASK_DOCS = 2048
+RUN_TOKENS = 8_000_000
+MERGE_POSTINGS = 4_000_000
+PARALLEL_MIN_DOCS = 20_000
+_ARRAYS = (
+    "indptr",
+    "docs",
+    "tfs",
+    "blockptr",
+    "blockmax",
+    "blocklast",
+    "idf",
+    "norms",
+    "normcache",
+    "idrank",
+)
+FILES = ("bm25.json", *(f"bm25_{name}.npy" for name in _ARRAYS), *string_table_files("bm25_terms"))
+
+
+def worker_count(n_docs: int) -> int:
+    """How many analysis processes a build of ``n_docs`` documents uses (0: analyse in-process)."""
+    given = os.environ.get("TOOLGYM_INDEX_WORKERS")
+    if given is not None:
+        try:
+            wanted = int(given)
+        except ValueError:
+            raise BackendError(f"TOOLGYM_INDEX_WORKERS must be an integer, got {given!r}") from None
+        return wanted if wanted > 1 else 0
+    if n_docs < PARALLEL_MIN_DOCS:
+        return 0
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return min(cpus, 8) if cpus > 1 else 0
+
+
+# ------------------------------------------------------------------------------------------- analysis
+
+
+def _analyse(store: DocumentStore, lo: int, hi: int) -> tuple[list[str], bytes, bytes]:
+    """Terms of documents [lo, hi): (local vocabulary, int32 token ids, int32 lengths) as bytes."""
+    local: dict[str, int] = {}
+    tokens = array("i")
+    lengths = array("i")
+    for content in store.contents(lo, hi):
+        terms = analyze(content)
+        tokens.extend([local.setdefault(t, len(local)) for t in terms])
+        lengths.append(len(terms))
+    return list(local), tokens.tobytes(), lengths.tobytes()
+
+
+_HEADER = struct.Struct("<qq")
+_FRAME = struct.Struct("<q")
+
+
+def _read_exact(stream: IO[bytes], n: int) -> bytes:
+    data = stream.read(n)
+    if data is None or len(data) != n:
+        raise EOFError
+    return data
+
+
+def worker_main() -> None:
+    """Entry point of an analysis worker: tasks (lo, hi) on stdin, pickled results on stdout.
+
+    A result frame is its length (int64) then the pickle; a negative length announces a traceback.
+    """
+    store = DocumentStore(Path(sys.argv[1]), with_ids=False)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        try:
+            lo, hi = _HEADER.unpack(_read_exact(stdin, _HEADER.size))
+        except EOFError:
+            return
+        try:
+            payload = pickle.dumps(_analyse(store, lo, hi), protocol=pickle.HIGHEST_PROTOCOL)
+            stdout.write(_FRAME.pack(len(payload)) + payload)
+        except Exception:  # report it to the parent, which raises it as a build error
+            message = traceback.format_exc().encode("utf-8", "replace")
+            stdout.write(_FRAME.pack(-len(message)) + message)
+            stdout.flush()
+            return
+        stdout.flush()
+
+
+class _Workers:
+    """Analysis subprocesses; task j goes to worker j mod n, so results come back in task order."""
+
+    def __init__(self, n: int, store_path: Path) -> None:
+        code = "from toolgym.tools.bm25_build import worker_main; worker_main()"
+        self._procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(store_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+            for _ in range(n)
+        ]
+
+    def run(self, tasks: Sequence[tuple[int, int]]) -> Iterator[tuple[list[str], bytes, bytes]]:
+        n = len(self._procs)
+        sent = 0
+        for j in range(len(tasks)):
+            while sent < len(tasks) and sent < j + 2 * n:  # two tasks in flight per worker
+                proc = self._procs[sent % n]
+                assert proc.stdin is not None
+                proc.stdin.write(_HEADER.pack(*tasks[sent]))
+                proc.stdin.flush()
+                sent += 1
+            yield self._result(self._procs[j % n])
+
+    @staticmethod
+    def _result(proc: subprocess.Popen[bytes]) -> tuple[list[str], bytes, bytes]:
+        assert proc.stdout is not None
+        try:
+            (size,) = _FRAME.unpack(_read_exact(proc.stdout, _FRAME.size))
+            if size < 0:
+                raise BackendError(
+                    "an index build worker failed:\n" + _read_exact(proc.stdout, -size).decode("utf-8")
+                )
+            result: tuple[list[str], bytes, bytes] = pickle.loads(_read_exact(proc.stdout, size))
+            return result
+        except EOFError:
+            code = proc.wait()
+            raise BackendError(
+                f"an index build worker died (exit status {code}); if the machine ran out of memory, "
+                "set TOOLGYM_INDEX_WORKERS=1 and build again"
+            ) from None
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+
+@dataclass
+class _Run:
+    """One spilled run: postings sorted by term then document, in two raw files."""
+
+    docs_path: Path
+    tfs_path: Path
+    terms: np.ndarray  # distinct term ids, ascending
+    starts: np.ndarray  # int64 [len(terms) + 1]: where each term's postings start in the run
+
+    def read(self, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+        count = last - first
+        docs = np.fromfile(self.docs_path, dtype=np.uint32, count=count, offset=4 * first)
+        tfs = np.fromfile(self.tfs_path, dtype=np.uint32, count=count, offset=4 * first)
+        return docs, tfs
+
+
+class _Spiller:
+    """Buffers (term id, document) token pairs and writes them out as counted, sorted runs."""
+
+    def __init__(self, work: Path) -> None:
+        self._work = work
+        self._terms: list[np.ndarray] = []
+        self._docs: list[np.ndarray] = []
+        self._buffered = 0
+        self.runs: list[_Run] = []
+        self.max_tf = 0
+
+    def add(self, term_ids: np.ndarray, docs: np.ndarray) -> None:
+        self._terms.append(term_ids)
+        self._docs.append(docs)
+        self._buffered += len(term_ids)
+        if self._buffered >= RUN_TOKENS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffered:
+            return
+        terms = np.concatenate(self._terms)
+        docs = np.concatenate(self._docs)
+        self._terms, self._docs, self._buffered = [], [], 0
+        first = int(docs[0])
+        span = int(docs[-1]) - first + 1
+        # One key per (term, document) occurrence; sorting the keys orders them by term, then document.
+        keys, tf = np.unique(terms * span + (docs - first), return_counts=True)
+        del terms, docs
+        post_terms, post_docs = np.divmod(keys, span)
+        del keys
+        post_docs += first
+        change = np.flatnonzero(np.diff(post_terms)) + 1
+        starts = np.concatenate(([0], change, [len(post_terms)])).astype(np.int64)
+        run = _Run(
+            self._work / f"run{len(self.runs):04d}.docs",
+            self._work / f"run{len(self.runs):04d}.tfs",
+            post_terms[starts[:-1]].astype(np.int64),
+            starts,
+        )
+        post_docs.astype(np.uint32).tofile(run.docs_path)
+        tf.astype(np.uint32).tofile(run.tfs_path)
+        self.max_tf = max(self.max_tf, int(tf.max()))
+        self.runs.append(run)
+
+
+class _NpyAppender:
+    """Writes a 1-d ``.npy`` file of known length by appending chunks (no memory map)."""
+
+    def __init__(self, path: Path, dtype: Any, length: int) -> None:
+        self._fh = open(path, "wb")  # noqa: SIM115 -- closed by close()
+        self._dtype = np.dtype(dtype)
+        self._left = length
+        header = {
+            "descr": np.lib.format.dtype_to_descr(self._dtype),
+            "fortran_order": False,
+            "shape": (length,),
+        }
+        np.lib.format.write_array_header_1_0(self._fh, header)
+
+    def write(self, values: np.ndarray) -> None:
+        self._fh.write(np.ascontiguousarray(values, dtype=self._dtype).tobytes())
+        self._left -= len(values)
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._left != 0:
+            raise BackendError(f"internal error: {self._fh.name} is {self._left} items short")
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def build_bm25(
+    store_path: Path,
+    out: Path,
+    ids: Sequence[str],
+    settings: BM25Settings,
+    *,
+    advance: Callable[[int], None] | None = None,
+    workers: int | None = None,
+) -> list[str]:
+    """Index every document of the store under ``store_path`` and write the files in ``FILES`` to ``out``.
+
+    Args:
+        store_path: The index directory holding the document store (docs.bin, docs_offsets.npy).
+        out: An existing directory for the postings (usually the same directory).
+        ids: The external ids in position order (for the tie-breaking rank).
+        settings: BM25 parameters.
+        advance: Called with the number of documents analysed after each task (drives a progress bar).
+        workers: Analysis processes (default :func:`worker_count`; 0 or 1: in-process).
+
+    Returns:
+        The names of the files written, relative to ``out``.
+
+    Raises:
+        BackendError: an analysis worker failed or died.
+    """
+    store = DocumentStore(store_path, with_ids=False)
+    n_docs = len(store)
+    if n_docs >= 2**32 - 1:
+        raise BackendError(f"{n_docs:,} documents: the default backend holds fewer than 2**32 - 1")
+    work = out / "build-runs"
+    work.mkdir()
+    try:
+        vocab, lengths, spiller = _analyse_all(store, store_path, work, advance, workers)
+        _merge(out, vocab, lengths, spiller, ids, settings)
+    finally:
+        for leftover in work.iterdir():
+            leftover.unlink()
+        work.rmdir()
+    return list(FILES)
+
+
+def _analyse_all(
+    store: DocumentStore,
+    store_path: Path,
+    work: Path,
+    advance: Callable[[int], None] | None,
+    workers: int | None,
+) -> tuple[list[str], np.ndarray, _Spiller]:
+    n_docs = len(store)
+    tasks = [(lo, min(lo + TASK_DOCS, n_docs)) for lo in range(0, n_docs, TASK_DOCS)]
+    n_workers = worker_count(n_docs) if workers is None else (workers if workers > 1 else 0)
+    n_workers = min(n_workers, len(tasks))
+    vocab: dict[str, int] = {}
+    lengths = np.zeros(n_docs, dtype=np.int64)
+    spiller = _Spiller(work)
+    pool = _Workers(n_workers, store_path) if n_workers > 1 else None
+    if pool is not None:
+        log.info("analysing %d documents in %d worker processes", n_docs, n_workers)
+    try:
+        results = pool.run(tasks) if pool is not None else (_analyse(store, lo, hi) for lo, hi in tasks)
+        for (lo, hi), (local_terms, tokens, task_lengths) in zip(tasks, results, strict=True):
+            to_global = np.fromiter(
+                (vocab.setdefault(t, len(vocab)) for t in local_terms), dtype=np.int64, count=len(local_terms)
+            )
+            counts = np.frombuffer(task_lengths, dtype=np.int32)
+            lengths[lo:hi] = counts
+            token_ids = np.frombuffer(tokens, dtype=np.int32)
+            if len(token_ids):
+                spiller.add(to_global[token_ids], np.repeat(np.arange(lo, hi, dtype=np.int64), counts))
+            if advance is not None:
+                advance(hi - lo)
+    finally:
+        if pool is not None:
+            pool.close()
+    spiller.flush()
+    return list(vocab), lengths, spiller
+
+
+def _merge(
+    out: Path,
+    terms: list[str],
+    lengths: np.ndarray,
+    spiller: _Spiller,
+    ids: Sequence[str],
+    settings: BM25Settings,
+) -> None:
+    n_terms, n_docs = len(terms), len(lengths)
+    df = np.zeros(n_terms, dtype=np.int64)
+    for run in spiller.runs:
+        df[run.terms] += np.diff(run.starts)
+    indptr = np.zeros(n_terms + 1, dtype=np.int64)
+    np.cumsum(df, out=indptr[1:])
+    n_blocks = (df + BLOCK - 1) // BLOCK
+    blockptr = np.zeros(n_terms + 1, dtype=np.int64)
+    np.cumsum(n_blocks, out=blockptr[1:])
+
+    doc_count = int(np.count_nonzero(lengths))
+    avgdl = lucene_avgdl(int(lengths.sum()), doc_count)
+    norms = lucene_norm_inverse(lengths, avgdl, settings)
+    idf = lucene_idf(doc_count, df)
+    tf_dtype = np.uint8 if spiller.max_tf <= 0xFF else np.uint16 if spiller.max_tf <= 0xFFFF else np.uint32
+
+    n_postings, total_blocks = int(indptr[-1]), int(blockptr[-1])
+    writers = {
+        "docs": _NpyAppender(out / "bm25_docs.npy", np.uint32, n_postings),
+        "tfs": _NpyAppender(out / "bm25_tfs.npy", tf_dtype, n_postings),
+        "blockmax": _NpyAppender(out / "bm25_blockmax.npy", np.float32, total_blocks),
+        "blocklast": _NpyAppender(out / "bm25_blocklast.npy", np.uint32, total_blocks),
+    }
+    try:
+        for a, b in _term_ranges(indptr):
+            _merge_range(a, b, indptr, blockptr, df, n_blocks, idf, norms, spiller.runs, writers)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    if settings.lucene_norms:
+        stored_norms, cache = lucene_norm_codes(lengths), lucene_norm_cache(avgdl, settings)
+    else:
+        stored_norms, cache = norms, np.zeros(0, dtype=np.float32)
+    saved = {"indptr": indptr, "blockptr": blockptr, "idf": idf, "norms": stored_norms, "normcache": cache}
+    for name, values in saved.items():
+        np.save(out / f"bm25_{name}.npy", values)
+    np.save(out / "bm25_idrank.npy", _id_ranks(ids))
+    write_string_table(terms, out, "bm25_terms")
+    meta = {
+        "block": BLOCK,
+        "n_docs": n_docs,
+        "n_terms": n_terms,
+        "n_postings": n_postings,
+        "doc_count": doc_count,
+        "avgdl": float(avgdl),
+        "tf_dtype": np.dtype(tf_dtype).name,
+    }
+    (out / "bm25.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+
+def _term_ranges(indptr: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Consecutive term ranges [a, b) of about MERGE_POSTINGS postings (a huge term gets its own)."""
+    n_terms = len(indptr) - 1
+    a = 0
+    while a < n_terms:
+        b = int(np.searchsorted(indptr, indptr[a] + MERGE_POSTINGS, side="right")) - 1
+        b = min(max(b, a + 1), n_terms)
+        yield a, b
+        a = b
+
+
+def _merge_range(
+    a: int,
+    b: int,
+    indptr: np.ndarray,
+    blockptr: np.ndarray,
+    df: np.ndarray,
+    n_blocks: np.ndarray,
+    idf: np.ndarray,
+    norms: np.ndarray,
+    runs: list[_Run],
+    writers: dict[str, _NpyAppender],
+) -> None:
+    base = int(indptr[a])
+    total = int(indptr[b]) - base
+    docs = np.empty(total, dtype=np.uint32)
+    tfs = np.empty(total, dtype=np.uint32)
+    fill = indptr[a:b] - base  # where each term's next posting goes
+    for run in runs:  # in document order, so each term's postings land sorted
+        i0, i1 = (int(x) for x in np.searchsorted(run.terms, [a, b]))
+        if i0 == i1:
+            continue
+        first, last = int(run.starts[i0]), int(run.starts[i1])
+        run_docs, run_tfs = run.read(first, last)
+        here = run.terms[i0:i1] - a
+        counts = np.diff(run.starts[i0 : i1 + 1])
+        dest = np.repeat(fill[here] - (run.starts[i0:i1] - first), counts) + np.arange(last - first)
+        docs[dest] = run_docs
+        tfs[dest] = run_tfs
+        fill[here] += counts
+    term_of = np.repeat(np.arange(a, b), df[a:b])
+    scores = lucene_term_scores(idf[term_of], tfs, norms[docs])
+    del term_of
+    blocks = np.repeat(indptr[a:b] - base, n_blocks[a:b]) + BLOCK * (
+        np.arange(int(blockptr[b] - blockptr[a])) - np.repeat(blockptr[a:b] - blockptr[a], n_blocks[a:b])
+    )
+    writers["docs"].write(docs)
+    writers["tfs"].write(tfs)
+    writers["blockmax"].write(np.maximum.reduceat(scores, blocks))
+    writers["blocklast"].write(docs[np.append(blocks[1:], total) - 1])
+
+
+def _id_ranks(ids: Sequence[str]) -> np.ndarray:
+    """Each document's rank in the sorted order of external ids (code point order, which is the UTF-8
+    byte order Lucene sorts ids by)."""
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    ranks = np.empty(len(ids), dtype=np.uint32)
+    ranks[np.asarray(order, dtype=np.int64)] = np.arange(len(ids), dtype=np.uint32)
+    return ranks
