@@ -12,10 +12,14 @@ real English, exact duplicate passages are practically absent, and every size is
 queries are the XQuAD questions.
 
 Per size and backend, each in a fresh process (so peak RSS is that backend's alone): build time and
-peak RSS of the build; index size on disk; cold start (a fresh ``python`` that imports toolgym, opens
-the index and answers one query, spawn to answer); peak RSS and q/s of a query process (k = 10, best
-of ``--rounds`` passes of ``search_batch`` over the queries with ``--threads``); and the mean top-10
-overlap of the two backends' rankings (the quality subset: the first 200 questions). The growth
+peak RSS of the build (the sum over the build's process tree, sampled every 50 ms: the default
+backend analyses in worker processes); index size on disk; cold start (a fresh ``python`` that
+imports toolgym, opens the index and answers one query, spawn to answer; best of 3) both as a later
+open finds the index (checksums verified before, see ``toolgym.tools.index_manifest``) and with
+every checksum recomputed (``verify="full"``, what the first open of a copied index pays); peak RSS
+and q/s of a query process (k = 10, best of ``--rounds`` passes of ``search_batch`` over the queries
+with ``--threads``); and how many of the first 200 questions (the quality subset) get identical
+top-10 hit lists from both backends (ids, order and shown scores), and of all queries. The growth
 exponent of each measure is the slope of log(measure) over log(size) between the smallest and largest
 size.
 """
@@ -25,10 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -73,15 +79,51 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _tree_rss_kb(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants now (Linux /proc), in KiB."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            with open(f"/proc/{current}/status") as fh:
+                total += next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+        except (OSError, StopIteration):
+            continue  # the process ended meanwhile
+    return total
+
+
+class TreePeak:
+    """Samples the resident memory of this process and its children; ``peak_mb`` is the highest sum."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.peak_kb = max(self.peak_kb, _tree_rss_kb(os.getpid()))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak_kb / 1024, rss_mb())
+
+
 def worker_build(args: argparse.Namespace) -> dict[str, float]:
     from toolgym.tools.index import build_index
 
+    peak = TreePeak()
     start = time.perf_counter()
     index = build_index(passages(args.size, args.words), backend=args.backend, path=args.dir)
     built = time.perf_counter() - start
     index.close()
     size = sum(f.stat().st_size for f in Path(args.dir).rglob("*") if f.is_file())
-    return {"build_s": built, "build_rss_mb": rss_mb(), "disk_mb": size / 2**20}
+    return {"build_s": built, "build_rss_mb": peak.stop(), "disk_mb": size / 2**20}
 
 
 def worker_query(args: argparse.Namespace) -> dict[str, object]:
@@ -95,25 +137,26 @@ def worker_query(args: argparse.Namespace) -> dict[str, object]:
         start = time.perf_counter()
         index.search_batch(qs, k=10, threads=args.threads)
         best = max(best, len(qs) / (time.perf_counter() - start))
-    top = [[h.doc_id for h in hits] for hits in index.search_batch(qs[:200], k=10, threads=1)]
+    hits = [[[h.doc_id, h.score] for h in found] for found in index.search_batch(qs, k=10, threads=1)]
     index.close()
-    return {"qps": best, "query_rss_mb": rss_mb(), "top10": top}
+    return {"qps": best, "query_rss_mb": rss_mb(), "hits": hits}
 
 
 COLD = """
-import sys, time
-t0 = time.perf_counter()
+import sys
 from toolgym.tools.index import load_index
-hits = load_index(sys.argv[1]).search(sys.argv[2], k=10)
+hits = load_index(sys.argv[1], verify=sys.argv[3] if sys.argv[3] == "full" else True).search(sys.argv[2], k=10)
 assert hits, "no hits"
 """
 
 
-def cold_start(path: Path, query: str, repeats: int = 3) -> float:
+def cold_start(path: Path, query: str, verify: str = "stamped", repeats: int = 3) -> float:
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", COLD, str(path), query], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-c", COLD, str(path), query, verify], check=True, capture_output=True
+        )
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -172,7 +215,8 @@ def main() -> None:
         f"synthetic passages of {args.words} words; {args.queries} XQuAD questions, k=10, {args.threads} threads"
     )
     print(
-        f"{'backend':9} {'passages':>9} {'build s':>8} {'build RSS':>10} {'disk MB':>8} {'cold s':>7} {'q/s':>8} {'query RSS':>10}"
+        f"{'backend':9} {'passages':>9} {'build s':>8} {'build RSS':>10} {'disk MB':>8} {'cold s':>7} "
+        f"{'cold full':>9} {'q/s':>8} {'query RSS':>10}"
     )
     for size in sizes:
         for backend in backends:
@@ -180,20 +224,25 @@ def main() -> None:
             row = run_worker("build", args, backend, size, path)
             row.update(run_worker("query", args, backend, size, path))
             row["cold_s"] = cold_start(path, query)
+            row["cold_full_s"] = cold_start(path, query, verify="full")
             rows[backend][size] = row
             print(
                 f"{backend:9} {size:>9,} {row['build_s']:>8.1f} {row['build_rss_mb']:>8.0f}MB {row['disk_mb']:>8.0f} "
-                f"{row['cold_s']:>7.2f} {row['qps']:>8,.0f} {row['query_rss_mb']:>8.0f}MB",
+                f"{row['cold_s']:>7.2f} {row['cold_full_s']:>9.2f} {row['qps']:>8,.0f} {row['query_rss_mb']:>8.0f}MB",
                 flush=True,
             )
         if len(backends) == 2:
-            a, b = (rows[x][size]["top10"] for x in backends)
-            overlap = np.mean(
-                [len(set(x) & set(y)) / max(1, min(10, len(y))) for x, y in zip(a, b, strict=True)]
-            )
+            a, b = (rows[x][size]["hits"] for x in backends)
+            same = [x == y for x, y in zip(a, b, strict=True)]  # type: ignore[call-overload]
+            same_ids = [
+                [h[0] for h in x] == [h[0] for h in y]
+                for x, y in zip(a, b, strict=True)  # type: ignore[call-overload]
+            ]
             ratio = float(rows[backends[0]][size]["qps"]) / float(rows[backends[1]][size]["qps"])
             print(
-                f"  {size:,}: q/s ratio {backends[0]}/{backends[1]} {ratio:.2f}x; top-10 overlap {overlap:.4f}"
+                f"  {size:,}: q/s ratio {backends[0]}/{backends[1]} {ratio:.2f}x; identical top-10 hit lists: "
+                f"{sum(same[:200])}/{len(same[:200])} of the quality subset, {sum(same)}/{len(same)} of all "
+                f"queries ({sum(same_ids)}/{len(same_ids)} with the same ids in the same order)"
             )
     if len(sizes) > 1:
         print(f"growth exponents ({sizes[0]:,} -> {sizes[-1]:,} passages):")
@@ -205,6 +254,8 @@ def main() -> None:
                     ("build", "build_s"),
                     ("disk", "disk_mb"),
                     ("build RSS", "build_rss_mb"),
+                    ("query RSS", "query_rss_mb"),
+                    ("cold start", "cold_s"),
                     ("q/s", "qps"),
                 )
             ]

@@ -6,25 +6,32 @@
  * of one process search at once.
  *
  * Scores. Lucene's BM25Similarity scores a (term, document) pair in float:
- *     weight = boost * idf;  score = weight - weight / (1 + freq * normInverse[document])
- * where normInverse comes from the document's one-byte length norm (precomputed per document at
- * build time, also in float, see bm25.py). A document's score is the sum of its terms' scores in
- * double, cast to float. The same operations in the same precision give bit-identical scores
- * (compile with -ffp-contract=off: a fused multiply-add would round once instead of twice).
+ *     weight = boost * idf;  score = weight - weight / (1 + freq * normInverse[norm code])
+ * where normInverse is a 256-entry cache indexed by the document's one-byte length norm (or, with
+ * Lucene's norms off, one float per document). A document's score is the sum of its terms' scores
+ * in double, cast to float. The same operations in the same precision give bit-identical scores
+ * (compile with -ffp-contract=off: a fused multiply-add would round once instead of twice). Per
+ * query, each term's scores for frequencies 1 and 2 and every norm code are tabulated once, with the
+ * same arithmetic, so nearly every posting is scored by a table look-up.
  *
  * Order. Best score first, ties broken by the rank of the document's external id in sorted order
  * (Anserini sorts by score, then by id), so the k returned are exactly Anserini's k.
  *
- * Pruning. MaxScore with block-max bounds, over windows of documents: each term's postings are cut
- * into blocks of `block` postings, each with its highest boost-1 score and its last document. In a
- * window, a term's bound is the highest maximum of its blocks there; terms are ordered by it, and
- * the lowest ones whose bounds sum below the current k-th score are "non-essential": no document
- * that only they match can enter the top k. So only the essential terms' documents are candidates
- * (their postings summed term-at-a-time into an accumulator), and a candidate is dropped as soon as
- * its partial score plus the bounds still to add (its block's own bound where known) cannot reach
- * the k-th score; a window with no essential term is skipped whole. Every comparison keeps a
- * relative margin so rounding can never drop a document that belongs in the result: pruning only
- * skips work, it never changes the answer (tests compare it with an exhaustive scorer).
+ * Postings. A term's postings (ascending documents, with their frequencies) are cut into blocks of
+ * `block` postings (a power of two). Each block has its highest boost-1 score, its last document,
+ * its base (first) document and its place in the document-id bytes: a block spanning fewer than
+ * 65,536 ids stores 2-byte offsets from its base (padded to 4 bytes), any other stores 4-byte ids
+ * and has the base UINT32_MAX. Nearly every block is narrow, so ids cost about two bytes each.
+ *
+ * Pruning. MaxScore with block-max bounds, over windows of documents. In a window, a term's bound is
+ * the highest maximum of its blocks there; terms are ordered by it, and the lowest ones whose bounds
+ * sum below the current k-th score are "non-essential": no document that only they match can enter
+ * the top k. So only the essential terms' documents are candidates (their postings summed
+ * term-at-a-time into an accumulator), and a candidate is dropped as soon as its partial score plus
+ * the bounds still to add (its block's own bound where known) cannot reach the k-th score; a window
+ * with no essential term is skipped whole. Every comparison keeps a relative margin so rounding can
+ * never drop a document that belongs in the result: pruning only skips work, it never changes the
+ * answer (tests compare it with an exhaustive scorer).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -40,43 +47,54 @@
 #endif
 
 #define END_DOC UINT32_MAX
+#define WIDE_BLOCK UINT32_MAX
 /* Bounds are inflated by this much before a comparison that could prune (float rounding of the
  * sums and of boosted weights is far below it). */
 #define MARGIN 1e-5
-
-enum { DOCS, TFS, NORMS, NORMCACHE, IDRANK, INDPTR, BLOCKPTR, BLOCKMAX, BLOCKLAST, IDF, N_VIEWS };
-static const char *VIEW_NAMES[N_VIEWS] = {"docs",     "tfs",      "norms",    "normcache", "idrank",
-                                          "indptr",   "blockptr", "blockmax", "blocklast", "idf"};
-/* Item size of each array; 0: 1, 2 or 4 bytes (term frequencies), -1: 1 or 4 bytes (norms: Lucene's
- * one-byte norm codes, decoded by the 256-entry normcache, or one float per document). */
-static const Py_ssize_t VIEW_ITEMSIZE[N_VIEWS] = {4, 0, -1, 4, 4, 8, 8, 4, 4, 4};
 /* Term frequencies up to this are scored from a per-query table (no division, no float norm). */
 #define TABLE_TF 2
+/* Documents per window (a multiple of 64: the window's seen-bitmap is 64-bit words). */
+#define WINDOW 8192
+
+enum { DOCBYTES, BLOCKOFF, BLOCKBASE, TFS, NORMS, NORMCACHE, IDRANK, INDPTR, BLOCKPTR, BLOCKMAX, BLOCKLAST, IDF,
+       N_VIEWS };
+static const char *VIEW_NAMES[N_VIEWS] = {"docbytes", "blockoff", "blockbase", "tfs",      "norms",     "normcache",
+                                          "idrank",   "indptr",   "blockptr",  "blockmax", "blocklast", "idf"};
+/* Item size of each array; 0: 1, 2 or 4 bytes (term frequencies), -1: 1 or 4 bytes (norms: Lucene's
+ * one-byte norm codes, decoded by the 256-entry normcache, or one float per document). */
+static const Py_ssize_t VIEW_ITEMSIZE[N_VIEWS] = {1, 8, 4, 0, -1, 4, 4, 8, 8, 4, 4, 4};
 
 typedef struct {
     PyObject_HEAD
     Py_buffer views[N_VIEWS];
     int ready;
     int tf_width;
-    int coded;      /* norms are one-byte codes (and normcache decodes them) */
-    int64_t block;
+    int coded; /* norms are one-byte codes (and normcache decodes them) */
+    int64_t block, shift;
     int64_t n_terms, n_docs, n_postings, n_blocks;
 } Ranker;
 
 #define BUF(self, which) ((self)->views[which].buf)
 
 typedef struct {
-    const uint32_t *docs;
+    const uint8_t *docbytes; /* the whole index's id bytes */
+    const int64_t *boff;     /* this term's blocks' byte offsets into docbytes */
+    const uint32_t *base;    /* this term's blocks' base documents (WIDE_BLOCK: 4-byte ids) */
     const void *tfs;
-    int tf_width;   /* bytes per term frequency: 1, 2 or 4 */
+    int tf_width; /* bytes per term frequency: 1, 2 or 4 */
     int64_t n, pos;
     const float *bmax;
     const uint32_t *blast;
     int64_t nb, bpos;
-    float weight;   /* boost * idf, in float as Lucene computes it */
+    int64_t shift;      /* log2 of the block size */
+    int64_t loaded;     /* the block whose ids d16/d32 point at, or -1 */
+    const uint16_t *d16; /* its 2-byte offsets from cbase, or NULL */
+    const uint32_t *d32; /* its 4-byte ids, or NULL */
+    uint32_t cbase;
+    float weight;       /* boost * idf, in float as Lucene computes it */
     const float *table; /* [TABLE_TF][256]: this term's score for tf 1..TABLE_TF and each norm code */
     double boost;
-    uint32_t cur;   /* docs[pos], or END_DOC */
+    uint32_t cur; /* the document at pos, or END_DOC */
 } Cursor;
 
 typedef struct {
@@ -84,6 +102,12 @@ typedef struct {
     uint32_t rank;
     uint32_t doc;
 } Hit;
+
+typedef struct {
+    const uint8_t *codes; /* per document, when coded */
+    const float *cache;   /* normInverse per code, when coded */
+    const float *floats;  /* normInverse per document, when not coded */
+} Norms;
 
 /* a is worse than b: lower score, or the same score and a later id. */
 static inline int worse(const Hit *a, const Hit *b) {
@@ -121,36 +145,72 @@ static int better_first(const void *pa, const void *pb) {
     return 0;
 }
 
-typedef struct {
-    const uint8_t *codes;  /* per document, when coded */
-    const float *cache;    /* normInverse per code, when coded */
-    const float *floats;   /* normInverse per document, when not coded */
-} Norms;
-
-static inline float term_score(const Cursor *c, int64_t pos, const Norms *nv) {
-    uint32_t freq;
-    switch (c->tf_width) {
-    case 1: freq = ((const uint8_t *)c->tfs)[pos]; break;
-    case 2: freq = ((const uint16_t *)c->tfs)[pos]; break;
-    default: freq = ((const uint32_t *)c->tfs)[pos]; break;
+static inline void push_hit(Hit *heap, int64_t *size, int64_t k, Hit h) {
+    if (*size < k) {
+        heap[*size] = h;
+        sift_up(heap, *size);
+        (*size)++;
+    } else if (worse(&heap[0], &h)) {
+        heap[0] = h;
+        sift_down(heap, *size, 0);
     }
+}
+
+/* ------------------------------------------------------------------------------------- postings */
+
+static inline void load_block(Cursor *c, int64_t b) {
+    const uint8_t *bytes = c->docbytes + c->boff[b];
+    c->loaded = b;
+    c->cbase = c->base[b];
+    if (c->cbase == WIDE_BLOCK) {
+        c->d16 = NULL;
+        c->d32 = (const uint32_t *)bytes;
+    } else {
+        c->d16 = (const uint16_t *)bytes;
+        c->d32 = NULL;
+    }
+}
+
+/* The document of posting pos (0 <= pos < n). */
+static inline uint32_t doc_at(Cursor *c, int64_t pos) {
+    int64_t b = pos >> c->shift, i = pos & (((int64_t)1 << c->shift) - 1);
+    if (b != c->loaded) load_block(c, b);
+    return c->d16 ? c->cbase + c->d16[i] : c->d32[i];
+}
+
+static inline uint32_t tf_at(const Cursor *c, int64_t pos) {
+    switch (c->tf_width) {
+    case 1: return ((const uint8_t *)c->tfs)[pos];
+    case 2: return ((const uint16_t *)c->tfs)[pos];
+    default: return ((const uint32_t *)c->tfs)[pos];
+    }
+}
+
+static inline float term_score(const Cursor *c, uint32_t freq, uint32_t doc, const Norms *nv) {
     float ni;
     if (nv->codes) {
-        uint8_t code = nv->codes[c->docs[pos]];
-        if (freq <= TABLE_TF) return c->table[(freq - 1) * 256 + code];
+        uint8_t code = nv->codes[doc];
+        if (freq - 1 < TABLE_TF) return c->table[(freq - 1) * 256 + code]; /* freq 0 (corrupt) wraps */
         ni = nv->cache[code];
     } else {
-        ni = nv->floats[c->docs[pos]];
+        ni = nv->floats[doc];
     }
     return c->weight - c->weight / (1.0f + (float)freq * ni);
 }
 
+static inline float score_here(Cursor *c, const Norms *nv) { return term_score(c, tf_at(c, c->pos), c->cur, nv); }
+
 static inline void next_posting(Cursor *c) {
     c->pos++;
-    c->cur = c->pos < c->n ? c->docs[c->pos] : END_DOC;
+    c->cur = c->pos < c->n ? doc_at(c, c->pos) : END_DOC;
 }
 
-/* Move the block cursor to the first block whose last document is >= target (docs not read). */
+static inline void exhaust(Cursor *c) {
+    c->pos = c->n;
+    c->cur = END_DOC;
+}
+
+/* Move the block cursor to the first block whose last document is >= target (ids not read). */
 static inline int shallow_seek(Cursor *c, uint32_t target) {
     int64_t b = c->bpos;
     if (b < c->nb && c->blast[b] >= target) return 1;
@@ -160,43 +220,62 @@ static inline int shallow_seek(Cursor *c, uint32_t target) {
 }
 
 /* Move the cursor to its first posting >= target. */
-static inline void seek(Cursor *c, uint32_t target, int64_t block) {
+static inline void seek(Cursor *c, uint32_t target) {
     if (c->cur >= target) return; /* END_DOC is >= everything */
     if (!shallow_seek(c, target)) {
-        c->pos = c->n;
-        c->cur = END_DOC;
+        exhaust(c);
         return;
     }
-    int64_t lo = c->bpos * block, hi = lo + block;
+    int64_t lo = c->bpos << c->shift, hi = lo + ((int64_t)1 << c->shift);
     if (lo < c->pos) lo = c->pos;
     if (hi > c->n) hi = c->n;
-    /* docs[hi - 1] == blast[bpos] >= target. Candidates come in document order, so the target is
-     * usually a few postings ahead: look there first, then halve what is left. */
-    for (int step = 0; step < 4 && lo < hi; step++, lo++)
-        if (c->docs[lo] >= target) {
-            hi = lo;
-            break;
-        }
-    while (lo < hi) {
-        int64_t mid = lo + ((hi - lo) >> 1);
-        if (c->docs[mid] < target) lo = mid + 1;
-        else hi = mid;
+    if (c->loaded != c->bpos) load_block(c, c->bpos);
+    /* Within one block: offsets relative to its first posting. The last posting of the block is
+     * blast[bpos] >= target. Candidates come in document order, so the target is usually a few
+     * postings ahead: look there first, then halve what is left. */
+    int64_t first = c->bpos << c->shift, i = lo - first, end = hi - first;
+    const uint16_t *d16 = c->d16;
+    const uint32_t *d32 = c->d32;
+    const uint32_t rel = d16 ? target - c->cbase : target; /* base <= every id of the block */
+    if (d16 && target < c->cbase) {
+        /* the target lies before the block: its first remaining posting is the answer */
+    } else if (d16) {
+        int step = 0;
+        while (step < 4 && i < end && d16[i] < rel) i++, step++;
+        if (step == 4)
+            for (int64_t h = end; i < h;) {
+                int64_t mid = i + ((h - i) >> 1);
+                if (d16[mid] < rel) i = mid + 1;
+                else h = mid;
+            }
+    } else {
+        int step = 0;
+        while (step < 4 && i < end && d32[i] < rel) i++, step++;
+        if (step == 4)
+            for (int64_t h = end; i < h;) {
+                int64_t mid = i + ((h - i) >> 1);
+                if (d32[mid] < rel) i = mid + 1;
+                else h = mid;
+            }
     }
-    c->pos = lo;
-    c->cur = c->docs[lo];
+    if (i >= end) { /* only a corrupt block has no posting >= its own last document */
+        exhaust(c);
+        return;
+    }
+    c->pos = first + i;
+    c->cur = d16 ? c->cbase + d16[i] : d32[i];
 }
 
-/* A lower bound on the cursor's first document >= from, without reading postings beyond one. */
-static inline uint32_t next_bound(Cursor *c, uint32_t from, int64_t block) {
+/* A lower bound on the cursor's first document >= from, without reading beyond one block. */
+static inline uint32_t next_bound(Cursor *c, uint32_t from) {
     if (c->cur >= from) return c->cur; /* exact (or END_DOC) */
     if (!shallow_seek(c, from)) {
-        c->pos = c->n;
-        c->cur = END_DOC;
+        exhaust(c);
         return END_DOC;
     }
-    int64_t p = c->bpos * block;
+    int64_t p = c->bpos << c->shift;
     if (p < c->pos) p = c->pos;
-    uint32_t d = c->docs[p];
+    uint32_t d = doc_at(c, p);
     return d > from ? d : from;
 }
 
@@ -211,16 +290,35 @@ static inline double window_bound(Cursor *c, uint32_t lo, uint32_t hi) {
     return (double)top * c->boost;
 }
 
-static inline void push_hit(Hit *heap, int64_t *size, int64_t k, Hit h) {
-    if (*size < k) {
-        heap[*size] = h;
-        sift_up(heap, *size);
-        (*size)++;
-    } else if (worse(&heap[0], &h)) {
-        heap[0] = h;
-        sift_down(heap, *size, 0);
+/* Add the cursor's scores for its postings in [lo, hi) to the window accumulator and mark them seen;
+ * the cursor ends on its first posting >= hi. Returns -1 on postings out of order (corrupt). */
+static int accumulate(Cursor *c, uint32_t lo, uint32_t hi, const Norms *nv, double *acc, uint64_t *seen) {
+    while (c->cur < hi) {
+        if (c->cur < lo) return -1;
+        /* The rest of the current block, with its ids and frequencies in locals. */
+        int64_t b = c->pos >> c->shift, end = (b + 1) << c->shift;
+        if (end > c->n) end = c->n;
+        if (c->loaded != b) load_block(c, b);
+        int64_t first = b << c->shift, pos = c->pos;
+        const uint16_t *d16 = c->d16;
+        const uint32_t *d32 = c->d32;
+        const uint32_t base = c->cbase;
+        for (; pos < end; pos++) {
+            uint32_t d = d16 ? base + d16[pos - first] : d32[pos - first];
+            if (d >= hi) break;
+            if (d < lo) return -1;
+            uint32_t off = d - lo;
+            acc[off] += term_score(c, tf_at(c, pos), d, nv);
+            seen[off >> 6] |= (uint64_t)1 << (off & 63);
+        }
+        c->pos = pos;
+        c->cur = pos < c->n ? doc_at(c, pos) : END_DOC;
+        if (pos < end) break; /* stopped at hi inside the block */
     }
+    return 0;
 }
+
+/* --------------------------------------------------------------------------------------- search */
 
 /* The search proper; no Python calls. Documents are taken in windows of WINDOW ids. Per window,
  * each term's bound is the highest block maximum it has there; terms are ordered by that bound and
@@ -228,8 +326,7 @@ static inline void push_hit(Hit *heap, int64_t *size, int64_t k, Hit h) {
  * postings in the window are summed term-at-a-time into an accumulator; then each document they
  * reached, in order, gets the non-essential terms' scores added (seeking their postings) until its
  * bound falls below the k-th score. Returns the number of hits written (sorted), -1 when out of
- * memory, -2 when the postings name a document that does not exist (corrupt index). */
-#define WINDOW 4096
+ * memory, -2 when the postings are inconsistent (a corrupt index). */
 static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit *heap) {
     Norms nv = {NULL, NULL, NULL};
     if (self->coded) {
@@ -238,29 +335,26 @@ static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit
     } else {
         nv.floats = BUF(self, NORMS);
     }
-    const Norms *norms = &nv;
     const uint32_t *idrank = BUF(self, IDRANK);
     const uint32_t n_docs = (uint32_t)self->n_docs;
-    const int64_t block = self->block;
-    int64_t size = 0;
-    double *bound = malloc(sizeof(double) * (size_t)(2 * m + 1));
+    int64_t size = 0, status = 0;
+    double *bound = malloc(sizeof(double) * (size_t)(3 * m + 2));
     int *order = malloc(sizeof(int) * (size_t)(m + 1));
     double *acc = calloc(WINDOW, sizeof(double));
     uint64_t *seen = calloc(WINDOW / 64, sizeof(uint64_t));
-    int64_t status = 0;
     if (!bound || !order || !acc || !seen) {
         status = -1;
         goto out;
     }
-    double *prefix = bound + m;
-    float thr = -INFINITY; /* the k-th best score once the heap is full */
+    double *prefix = bound + m, *need = bound + 2 * m;
+    float thr = -INFINITY;  /* the k-th best score once the heap is full */
     double cut = -INFINITY; /* a bound below this cannot reach thr, whatever the rounding */
     uint32_t from = 0;
 
     for (;;) {
         uint32_t lo = END_DOC;
         for (int i = 0; i < m; i++) {
-            uint32_t d = next_bound(&cur[i], from, block);
+            uint32_t d = next_bound(&cur[i], from);
             if (d < lo) lo = d;
         }
         if (lo == END_DOC) break;
@@ -294,20 +388,17 @@ static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit
         /* Essential terms, term at a time. */
         for (int j = ne; j < m; j++) {
             Cursor *c = &cur[order[j]];
-            seek(c, lo, block);
-            while (c->cur < hi) {
-                if (c->cur < lo) { /* postings out of order: a corrupt index */
-                    status = -2;
-                    goto out;
-                }
-                uint32_t off = c->cur - lo;
-                acc[off] += term_score(c, c->pos, norms);
-                seen[off >> 6] |= (uint64_t)1 << (off & 63);
-                next_posting(c);
+            seek(c, lo);
+            if (accumulate(c, lo, hi, &nv, acc, seen) < 0) {
+                status = -2;
+                goto out;
             }
         }
 
-        /* Candidates in document order: add the non-essential terms while they can matter. */
+        /* Candidates in document order: add the non-essential terms while they can matter.
+         * need[j + 1]: what a document must already score for terms 0..j still to reach the cut. */
+        need[0] = cut;
+        for (int j = 0; j < ne; j++) need[j + 1] = cut - prefix[j];
         for (int w = 0; w < WINDOW / 64; w++) {
             uint64_t bits = seen[w];
             if (!bits) continue;
@@ -315,38 +406,38 @@ static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit
             while (bits) {
                 uint32_t off = (uint32_t)(w * 64 + __builtin_ctzll(bits));
                 bits &= bits - 1;
-                uint32_t d = lo + off;
                 double s = acc[off];
                 acc[off] = 0.0;
-                if (s + (ne > 0 ? prefix[ne - 1] : 0.0) < cut) continue;
+                if (s < need[ne]) continue;
+                uint32_t d = lo + off;
                 int pruned = 0;
                 for (int j = ne - 1; j >= 0; j--) {
-                    if (s + prefix[j] < cut) {
+                    if (s < need[j + 1]) {
                         pruned = 1;
                         break;
                     }
                     Cursor *c = &cur[order[j]];
                     if (c->cur < d) {
                         if (!shallow_seek(c, d)) {
-                            c->pos = c->n;
-                            c->cur = END_DOC;
+                            exhaust(c);
                             continue;
                         }
-                        double rest = j > 0 ? prefix[j - 1] : 0.0;
-                        if (s + (double)c->bmax[c->bpos] * c->boost + rest < cut) {
+                        if (s + (double)c->bmax[c->bpos] * c->boost < need[j]) {
                             pruned = 1;
                             break;
                         }
-                        seek(c, d, block);
+                        seek(c, d);
                     }
-                    if (c->cur == d) s += term_score(c, c->pos, norms);
+                    if (c->cur == d) s += score_here(c, &nv);
                 }
-                if (pruned) continue;
+                if (pruned || s < need[0]) continue;
                 Hit h = {(float)s, idrank[d], d};
                 push_hit(heap, &size, k, h);
-                if (size == k) {
+                if (size == k && heap[0].score != thr) {
                     thr = heap[0].score;
                     cut = thr / (1.0 + MARGIN);
+                    need[0] = cut;
+                    for (int j = 0; j < ne; j++) need[j + 1] = cut - prefix[j];
                 }
             }
         }
@@ -374,9 +465,48 @@ static void Ranker_dealloc(Ranker *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static int check_structure(Ranker *self) {
+    /* O(terms + blocks): an inconsistent table must raise, never read out of bounds. */
+    const int64_t *indptr = BUF(self, INDPTR), *blockptr = BUF(self, BLOCKPTR), *boff = BUF(self, BLOCKOFF);
+    const uint32_t *base = BUF(self, BLOCKBASE);
+    int64_t block = self->block, n_bytes = self->views[DOCBYTES].shape[0];
+    if (block < 1 || (block & (block - 1)) || self->views[TFS].shape[0] != self->n_postings ||
+        self->views[IDRANK].shape[0] != self->n_docs || self->views[BLOCKLAST].shape[0] != self->n_blocks ||
+        self->views[BLOCKBASE].shape[0] != self->n_blocks || self->views[BLOCKOFF].shape[0] != self->n_blocks + 1 ||
+        self->views[INDPTR].shape[0] != self->n_terms + 1 || self->views[BLOCKPTR].shape[0] != self->n_terms + 1 ||
+        self->n_docs >= (int64_t)END_DOC || self->views[NORMCACHE].shape[0] != (self->coded ? 256 : 0)) {
+        PyErr_SetString(PyExc_ValueError, "inconsistent array sizes");
+        return -1;
+    }
+    if (indptr[0] != 0 || blockptr[0] != 0 || indptr[self->n_terms] != self->n_postings ||
+        blockptr[self->n_terms] != self->n_blocks || boff[0] != 0 || boff[self->n_blocks] != n_bytes) {
+        PyErr_SetString(PyExc_ValueError, "term offsets do not span the postings");
+        return -1;
+    }
+    for (int64_t t = 0; t < self->n_terms; t++) {
+        int64_t n = indptr[t + 1] - indptr[t], nb = blockptr[t + 1] - blockptr[t];
+        if (n < 0 || nb != (n + block - 1) / block) {
+            PyErr_Format(PyExc_ValueError, "term %lld: %lld postings but %lld blocks", (long long)t,
+                         (long long)n, (long long)nb);
+            return -1;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t g = blockptr[t] + b, count = b + 1 < nb ? block : n - b * block;
+            int64_t bytes = boff[g + 1] - boff[g];
+            int64_t want = base[g] == WIDE_BLOCK ? 4 * count : 2 * count + 2 * (count & 1);
+            if (bytes != want || boff[g] % 4) {
+                PyErr_Format(PyExc_ValueError, "block %lld holds %lld bytes for %lld postings", (long long)g,
+                             (long long)bytes, (long long)count);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
 static int Ranker_init(Ranker *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"docs",     "tfs",      "norms",     "normcache", "idrank", "indptr",
-                             "blockptr", "blockmax", "blocklast", "idf",       "block",  NULL};
+    static char *kwlist[] = {"docbytes", "blockoff", "blockbase", "tfs",      "norms",     "normcache", "idrank",
+                             "indptr",   "blockptr", "blockmax",  "blocklast", "idf",      "block",     NULL};
     PyObject *o[N_VIEWS];
     Py_ssize_t block;
     if (self->ready) {
@@ -384,8 +514,8 @@ static int Ranker_init(Ranker *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "a Ranker is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOOOn", kwlist, &o[0], &o[1], &o[2], &o[3], &o[4],
-                                     &o[5], &o[6], &o[7], &o[8], &o[9], &block))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOOOOOn", kwlist, &o[0], &o[1], &o[2], &o[3], &o[4],
+                                     &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &block))
         return -1;
     for (int i = 0; i < N_VIEWS; i++) {
         Py_buffer *v = &self->views[i];
@@ -403,33 +533,13 @@ static int Ranker_init(Ranker *self, PyObject *args, PyObject *kwds) {
     self->tf_width = (int)self->views[TFS].itemsize;
     self->coded = self->views[NORMS].itemsize == 1;
     self->block = block;
-    self->n_postings = self->views[DOCS].shape[0];
+    self->shift = 0;
+    while (((int64_t)1 << self->shift) < block) self->shift++;
+    self->n_postings = self->views[TFS].shape[0];
     self->n_docs = self->views[NORMS].shape[0];
     self->n_terms = self->views[IDF].shape[0];
     self->n_blocks = self->views[BLOCKMAX].shape[0];
-    /* Structural checks, O(terms): an inconsistent table must raise, never read out of bounds. */
-    const int64_t *indptr = BUF(self, INDPTR), *blockptr = BUF(self, BLOCKPTR);
-    if (block < 1 || self->views[TFS].shape[0] != self->n_postings ||
-        self->views[IDRANK].shape[0] != self->n_docs || self->views[BLOCKLAST].shape[0] != self->n_blocks ||
-        self->views[INDPTR].shape[0] != self->n_terms + 1 ||
-        self->views[BLOCKPTR].shape[0] != self->n_terms + 1 || self->n_docs >= (int64_t)END_DOC ||
-        self->views[NORMCACHE].shape[0] != (self->coded ? 256 : 0)) {
-        PyErr_SetString(PyExc_ValueError, "inconsistent array sizes");
-        goto fail;
-    }
-    if (indptr[0] != 0 || blockptr[0] != 0 || indptr[self->n_terms] != self->n_postings ||
-        blockptr[self->n_terms] != self->n_blocks) {
-        PyErr_SetString(PyExc_ValueError, "term offsets do not span the postings");
-        goto fail;
-    }
-    for (int64_t t = 0; t < self->n_terms; t++) {
-        int64_t n = indptr[t + 1] - indptr[t], nb = blockptr[t + 1] - blockptr[t];
-        if (n < 0 || nb != (n + block - 1) / block) {
-            PyErr_Format(PyExc_ValueError, "term %lld: %lld postings but %lld blocks", (long long)t,
-                         (long long)n, (long long)nb);
-            goto fail;
-        }
-    }
+    if (check_structure(self) < 0) goto fail;
     self->ready = 1;
     return 0;
 fail:
@@ -475,13 +585,17 @@ static PyObject *Ranker_search(Ranker *self, PyObject *args) {
         int64_t start = indptr[t], n = indptr[t + 1] - start;
         if (n == 0) continue;
         Cursor *c = &cur[used++];
-        c->docs = (const uint32_t *)BUF(self, DOCS) + start;
+        c->docbytes = BUF(self, DOCBYTES);
+        c->boff = (const int64_t *)BUF(self, BLOCKOFF) + blockptr[t];
+        c->base = (const uint32_t *)BUF(self, BLOCKBASE) + blockptr[t];
         c->tf_width = self->tf_width;
         c->tfs = (const char *)BUF(self, TFS) + start * self->tf_width;
         c->n = n;
         c->bmax = bmax + blockptr[t];
         c->blast = (const uint32_t *)BUF(self, BLOCKLAST) + blockptr[t];
         c->nb = blockptr[t + 1] - blockptr[t];
+        c->shift = self->shift;
+        c->loaded = -1;
         c->weight = boosts[i] * idf[t];
         c->boost = boosts[i];
         if (self->coded) {
@@ -493,7 +607,7 @@ static PyObject *Ranker_search(Ranker *self, PyObject *args) {
                     table[(f - 1) * 256 + code] = c->weight - c->weight / (1.0f + (float)f * cache[code]);
             c->table = table;
         }
-        c->cur = c->docs[0];
+        c->cur = doc_at(c, 0);
     }
     int64_t size;
     Py_BEGIN_ALLOW_THREADS
@@ -504,7 +618,7 @@ static PyObject *Ranker_search(Ranker *self, PyObject *args) {
         goto done;
     }
     if (size == -2) {
-        PyErr_SetString(PyExc_ValueError, "a posting names a document beyond the collection");
+        PyErr_SetString(PyExc_ValueError, "the postings are inconsistent: a document beyond the collection or out of order");
         goto done;
     }
     result = PyList_New(size);

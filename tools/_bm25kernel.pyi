@@ -1,13 +1,16 @@
 """Type information for the C extension built from tools/_bm25kernel.c."""
 
-from collections.abc import Buffer
+from typing_extensions import Buffer
 
 class Ranker:
     def __init__(
         self,
-        docs: Buffer,
+        docbytes: Buffer,
+        blockoff: Buffer,
+        blockbase: Buffer,
         tfs: Buffer,
         norms: Buffer,
+        normcache: Buffer,
         idrank: Buffer,
         indptr: Buffer,
         blockptr: Buffer,

@@ -20,9 +20,13 @@ Files written (all little-endian ``.npy`` arrays unless named otherwise)::
 
     bm25.json                 format facts: block size, avgdl, docCount, counts, tf width
     bm25_indptr.npy           int64 [terms + 1]: term t's postings are [indptr[t], indptr[t + 1])
-    bm25_docs.npy             uint32 [postings]: document positions, ascending within a term
     bm25_tfs.npy              uint8/uint16/uint32 [postings]: term frequencies
     bm25_blockptr.npy         int64 [terms + 1]: term t's blocks of BLOCK postings
+    bm25_docs.bin             the postings' document positions (ascending within a term), block by
+                              block: a block spanning fewer than 65,536 positions stores uint16 offsets
+                              from its base (padded to 4 bytes), any other uint32 positions
+    bm25_blockoff.npy         int64 [blocks + 1]: where each block's ids start in bm25_docs.bin
+    bm25_blockbase.npy        uint32 [blocks]: the block's first document (WIDE_BLOCK: uint32 ids)
     bm25_blockmax.npy         float32 [blocks]: the block's highest boost-1 Lucene score
     bm25_blocklast.npy        uint32 [blocks]: the block's last document
     bm25_idf.npy              float32 [terms]: Lucene's idf
@@ -43,6 +47,7 @@ documents are analysed in-process).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -80,14 +85,15 @@ log = logging.getLogger(__name__)
 #: Postings per block (the unit of block-max bounds and of skipping).
 BLOCK = 128
 TASK_DOCS = 2048
-RUN_TOKENS = 8_000_000
+RUN_TOKENS = 4_000_000
 MERGE_POSTINGS = 4_000_000
 PARALLEL_MIN_DOCS = 20_000
 _ARRAYS = (
     "indptr",
-    "docs",
     "tfs",
     "blockptr",
+    "blockoff",
+    "blockbase",
     "blockmax",
     "blocklast",
     "idf",
@@ -95,7 +101,14 @@ _ARRAYS = (
     "normcache",
     "idrank",
 )
-FILES = ("bm25.json", *(f"bm25_{name}.npy" for name in _ARRAYS), *string_table_files("bm25_terms"))
+FILES = (
+    "bm25.json",
+    "bm25_docs.bin",
+    *(f"bm25_{name}.npy" for name in _ARRAYS),
+    *string_table_files("bm25_terms"),
+)
+#: A block's ``blockbase`` when it stores 4-byte ids (it spans 65,536 ids or more).
+WIDE_BLOCK = 0xFFFFFFFF
 
 
 def worker_count(n_docs: int) -> int:
@@ -124,13 +137,15 @@ def _analyse(store: DocumentStore, lo: int, hi: int) -> tuple[list[str], bytes, 
     local: dict[str, int] = {}
     tokens = array("i")
     lengths = array("i")
-    for content in store.contents(lo, hi):
+    for content in store.read_contents(lo, hi):
         terms = analyze(content)
         tokens.extend([local.setdefault(t, len(local)) for t in terms])
         lengths.append(len(terms))
     return list(local), tokens.tobytes(), lengths.tobytes()
 
 
+#: What an analysis worker runs (``python -c``): a module constant, so tests can make one fail.
+WORKER_CODE = "from toolgym.tools.bm25_build import worker_main; worker_main()"
 _HEADER = struct.Struct("<qq")
 _FRAME = struct.Struct("<q")
 
@@ -169,10 +184,11 @@ class _Workers:
     """Analysis subprocesses; task j goes to worker j mod n, so results come back in task order."""
 
     def __init__(self, n: int, store_path: Path) -> None:
-        code = "from toolgym.tools.bm25_build import worker_main; worker_main()"
         self._procs = [
             subprocess.Popen(
-                [sys.executable, "-c", code, str(store_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                [sys.executable, "-c", WORKER_CODE, str(store_path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
             )
             for _ in range(n)
         ]
@@ -184,8 +200,11 @@ class _Workers:
             while sent < len(tasks) and sent < j + 2 * n:  # two tasks in flight per worker
                 proc = self._procs[sent % n]
                 assert proc.stdin is not None
-                proc.stdin.write(_HEADER.pack(*tasks[sent]))
-                proc.stdin.flush()
+                try:
+                    proc.stdin.write(_HEADER.pack(*tasks[sent]))
+                    proc.stdin.flush()
+                except OSError:  # the pipe broke: the worker is gone
+                    raise self._died(proc) from None
                 sent += 1
             yield self._result(self._procs[j % n])
 
@@ -201,16 +220,24 @@ class _Workers:
             result: tuple[list[str], bytes, bytes] = pickle.loads(_read_exact(proc.stdout, size))
             return result
         except EOFError:
-            code = proc.wait()
-            raise BackendError(
-                f"an index build worker died (exit status {code}); if the machine ran out of memory, "
-                "set TOOLGYM_INDEX_WORKERS=1 and build again"
-            ) from None
+            raise _Workers._died(proc) from None
+
+    @staticmethod
+    def _died(proc: subprocess.Popen[bytes]) -> BackendError:
+        try:
+            code: int | str = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = "unknown: it stopped answering"
+        return BackendError(
+            f"an index build worker died (exit status {code}); if the machine ran out of memory, "
+            "set TOOLGYM_INDEX_WORKERS=1 (analysis in this process) and build again"
+        )
 
     def close(self) -> None:
         for proc in self._procs:
             if proc.stdin is not None:
-                proc.stdin.close()
+                with contextlib.suppress(OSError):  # a dead worker's pipe
+                    proc.stdin.close()
         for proc in self._procs:
             try:
                 proc.wait(timeout=10)
@@ -261,14 +288,12 @@ class _Spiller:
     def flush(self) -> None:
         if not self._buffered:
             return
-        terms = np.concatenate(self._terms)
-        docs = np.concatenate(self._docs)
-        self._terms, self._docs, self._buffered = [], [], 0
-        first = int(docs[0])
-        span = int(docs[-1]) - first + 1
+        first = int(self._docs[0][0])
+        span = int(self._docs[-1][-1]) - first + 1
         # One key per (term, document) occurrence; sorting the keys orders them by term, then document.
-        keys, tf = np.unique(terms * span + (docs - first), return_counts=True)
-        del terms, docs
+        keys = np.concatenate([t * span + (d - first) for t, d in zip(self._terms, self._docs, strict=True)])
+        self._terms, self._docs, self._buffered = [], [], 0
+        keys, tf = np.unique(keys, return_counts=True)
         post_terms, post_docs = np.divmod(keys, span)
         del keys
         post_docs += first
@@ -417,17 +442,23 @@ def _merge(
 
     n_postings, total_blocks = int(indptr[-1]), int(blockptr[-1])
     writers = {
-        "docs": _NpyAppender(out / "bm25_docs.npy", np.uint32, n_postings),
         "tfs": _NpyAppender(out / "bm25_tfs.npy", tf_dtype, n_postings),
         "blockmax": _NpyAppender(out / "bm25_blockmax.npy", np.float32, total_blocks),
         "blocklast": _NpyAppender(out / "bm25_blocklast.npy", np.uint32, total_blocks),
+        "blockbase": _NpyAppender(out / "bm25_blockbase.npy", np.uint32, total_blocks),
     }
+    blockoff = np.zeros(total_blocks + 1, dtype=np.int64)
     try:
-        for a, b in _term_ranges(indptr):
-            _merge_range(a, b, indptr, blockptr, df, n_blocks, idf, norms, spiller.runs, writers)
+        with open(out / "bm25_docs.bin", "wb") as id_file:
+            for a, b in _term_ranges(indptr):
+                merged = _merge_range(a, b, indptr, blockptr, df, n_blocks, idf, norms, spiller.runs, writers)
+                first_block = int(blockptr[a])
+                blockoff[first_block + 1 : int(blockptr[b]) + 1] = id_file.tell() + merged.block_ends
+                id_file.write(merged.id_bytes)
     finally:
         for writer in writers.values():
             writer.close()
+    np.save(out / "bm25_blockoff.npy", blockoff)
     if settings.lucene_norms:
         stored_norms, cache = lucene_norm_codes(lengths), lucene_norm_cache(avgdl, settings)
     else:
@@ -460,6 +491,33 @@ def _term_ranges(indptr: np.ndarray) -> Iterator[tuple[int, int]]:
         a = b
 
 
+@dataclass
+class _MergedIds:
+    """A merged term range's document ids in block-coded form (see the module docstring)."""
+
+    id_bytes: bytes
+    block_ends: np.ndarray  # int64, each block's end offset within id_bytes
+
+
+def _encode_ids(docs: np.ndarray, blocks: np.ndarray, writers: dict[str, _NpyAppender]) -> _MergedIds:
+    """Block-code ``docs`` (the range's ids; ``blocks``: where each block starts) and write the bases."""
+    counts = np.diff(np.append(blocks, len(docs)))
+    first = docs[blocks]
+    narrow = (docs[np.append(blocks[1:], len(docs)) - 1] - first) < 0x10000
+    sizes = np.where(narrow, 2 * counts + 2 * (counts & 1), 4 * counts)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    buffer = np.zeros(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+    block_of = np.repeat(np.arange(len(blocks)), counts)
+    within = np.arange(len(docs)) - blocks[block_of]
+    is_narrow = narrow[block_of]
+    halves, words = buffer.view(np.uint16), buffer.view(np.uint32)
+    halves[(starts[block_of] // 2 + within)[is_narrow]] = (docs - first[block_of])[is_narrow]
+    words[(starts[block_of] // 4 + within)[~is_narrow]] = docs[~is_narrow]
+    writers["blockbase"].write(np.where(narrow, first, WIDE_BLOCK).astype(np.uint32))
+    return _MergedIds(buffer.tobytes(), ends.astype(np.int64))
+
+
 def _merge_range(
     a: int,
     b: int,
@@ -471,7 +529,7 @@ def _merge_range(
     norms: np.ndarray,
     runs: list[_Run],
     writers: dict[str, _NpyAppender],
-) -> None:
+) -> _MergedIds:
     base = int(indptr[a])
     total = int(indptr[b]) - base
     docs = np.empty(total, dtype=np.uint32)
@@ -495,10 +553,10 @@ def _merge_range(
     blocks = np.repeat(indptr[a:b] - base, n_blocks[a:b]) + BLOCK * (
         np.arange(int(blockptr[b] - blockptr[a])) - np.repeat(blockptr[a:b] - blockptr[a], n_blocks[a:b])
     )
-    writers["docs"].write(docs)
     writers["tfs"].write(tfs)
     writers["blockmax"].write(np.maximum.reduceat(scores, blocks))
     writers["blocklast"].write(docs[np.append(blocks[1:], total) - 1])
+    return _encode_ids(docs, blocks, writers)
 
 
 def _id_ranks(ids: Sequence[str]) -> np.ndarray:

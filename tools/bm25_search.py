@@ -39,27 +39,41 @@ class BM25Ranker:
         from toolgym.tools._bm25kernel import Ranker
 
         meta = json.loads((path / "bm25.json").read_text(encoding="utf-8"))
+        names = ("blockoff", "blockbase", "tfs", "norms", "normcache", "idrank", "indptr", "blockptr")
         arrays = {
             name: np.asarray(np.load(path / f"bm25_{name}.npy", mmap_mode="r"))
-            for name in (
-                "docs",
-                "tfs",
-                "norms",
-                "normcache",
-                "idrank",
-                "indptr",
-                "blockptr",
-                "blockmax",
-                "blocklast",
-                "idf",
-            )
+            for name in (*names, "blockmax", "blocklast", "idf")
         }
+        ids = path / "bm25_docs.bin"
+        arrays["docbytes"] = (
+            np.asarray(np.memmap(ids, dtype=np.uint8, mode="r"))
+            if ids.stat().st_size
+            else np.zeros(0, np.uint8)
+        )
         self.arrays = arrays
-        self._kernel = Ranker(**arrays, block=int(meta["block"]))
+        self.block = int(meta["block"])
+        self._kernel = Ranker(**arrays, block=self.block)
         self._terms = StringTable(path, "bm25_terms")
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         self._pool_lock = threading.Lock()
+
+    def term_docs(self, tid: int) -> np.ndarray:
+        """The document positions of term ``tid``'s postings, decoded from their blocks (int64)."""
+        a = self.arrays
+        first, last = int(a["blockptr"][tid]), int(a["blockptr"][tid + 1])
+        n = int(a["indptr"][tid + 1] - a["indptr"][tid])
+        out = np.empty(n, dtype=np.int64)
+        for j, block in enumerate(range(first, last)):
+            count = min(self.block, n - j * self.block)
+            raw = a["docbytes"][int(a["blockoff"][block]) : int(a["blockoff"][block + 1])]
+            base = int(a["blockbase"][block])
+            if base == 0xFFFFFFFF:
+                values = raw.view(np.uint32)[:count].astype(np.int64)
+            else:
+                values = raw.view(np.uint16)[:count].astype(np.int64) + base
+            out[j * self.block : j * self.block + count] = values
+        return out
 
     def query_terms(self, query: str) -> tuple[np.ndarray, np.ndarray]:
         """The query's known term ids (first occurrence order) and their boosts (repeat counts)."""
@@ -119,7 +133,7 @@ def exhaustive_top_k(ranker: BM25Ranker, query: str, k: int) -> list[tuple[int, 
     parts = []
     for tid, boost in zip(tids.tolist(), boosts.tolist(), strict=True):
         start, end = int(a["indptr"][tid]), int(a["indptr"][tid + 1])
-        docs = np.asarray(a["docs"][start:end], dtype=np.int64)
+        docs = ranker.term_docs(tid)
         weight = np.float32(boost) * a["idf"][tid]
         norms = a["normcache"][a["norms"][docs]] if len(a["normcache"]) else a["norms"][docs]
         scores = lucene_term_scores(weight, np.asarray(a["tfs"][start:end]), norms)

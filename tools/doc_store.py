@@ -14,6 +14,7 @@ collection's size, and is what both the index and the parallel BM25 build read d
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -64,7 +65,8 @@ class DocumentStore:
     """
 
     def __init__(self, path: Path, *, with_ids: bool = True) -> None:
-        self._offsets = np.load(path / DOC_FILES[1], mmap_mode="r")
+        self._path = path
+        self._offsets = np.asarray(np.load(path / DOC_FILES[1], mmap_mode="r"))
         self._text: np.ndarray | None = (
             np.memmap(path / DOC_FILES[0], dtype=np.uint8, mode="r") if int(self._offsets[-1]) else None
         )
@@ -89,3 +91,19 @@ class DocumentStore:
         """:meth:`content` of positions ``lo`` up to ``hi`` (default: the end), in order."""
         for position in range(lo, len(self) if hi is None else hi):
             yield self.content(position)
+
+    def read_contents(self, lo: int, hi: int) -> list[str]:
+        """:meth:`content` of positions [lo, hi) read with one ``pread`` instead of the memory map.
+
+        What a bulk reader wants: the pages read do not stay mapped into this process, so reading
+        the whole store does not grow its resident memory by the size of the store.
+        """
+        offsets = [int(x) for x in self._offsets[2 * lo : 2 * hi + 1]]
+        with open(self._path / DOC_FILES[0], "rb") as fh:
+            data = os.pread(fh.fileno(), offsets[-1] - offsets[0], offsets[0])
+        base = offsets[0]
+        return [
+            f"{data[offsets[2 * i] - base : offsets[2 * i + 1] - base].decode('utf-8')}\n"
+            f"{data[offsets[2 * i + 1] - base : offsets[2 * i + 2] - base].decode('utf-8')}"
+            for i in range(hi - lo)
+        ]

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from toolgym.data import iter_jsonl
 from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError, did_you_mean
@@ -432,14 +432,19 @@ def build_index(
     return _build(((f"document {i}", doc) for i, doc in enumerate(docs, 1)), backend, path)
 
 
-def load_index(path: str | Path) -> Index:
+def load_index(path: str | Path, *, verify: bool | Literal["full"] = True) -> Index:
     """Open an index directory written by :func:`build_index` after checking every file (module docstring).
+
+    Args:
+        path: The index directory.
+        verify: ``True``: sizes, and checksums of files not verified unchanged since; ``"full"``: every
+            checksum; ``False``: sizes only (:func:`toolgym.tools.index_manifest.read_manifest`).
 
     Raises:
         BackendError: the directory is missing, incomplete or corrupt (the message says how to fix it).
     """
     path = Path(path)
-    return Index(path, read_manifest(path))
+    return Index(path, read_manifest(path, verify=verify))
 
 
 def build_command(corpus: Path, backend: str, out: Path | None) -> Path:

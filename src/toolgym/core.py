@@ -8,7 +8,6 @@ only.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -135,7 +134,7 @@ class FunctionTool:
         if self.fn is None:
             raise ToolCallError("this tool ends the episode and has no output", tool=self.name)
         result = self.fn(**arguments)
-        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+        if isinstance(result, Awaitable):
             result = await result
         return str(result)
 
@@ -150,6 +149,8 @@ def tool_schema(tool: Tool) -> dict[str, Any]:
 
 async def call_tool(tool: Tool, arguments: Mapping[str, Any]) -> str:
     """Run one tool call under its timeout (raises :class:`ToolTimeout` past it)."""
+    import asyncio  # not at module level: importing toolgym should not cost asyncio's import
+
     try:
         return await asyncio.wait_for(tool(**arguments), timeout=tool.timeout)
     except TimeoutError:

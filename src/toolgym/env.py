@@ -43,13 +43,11 @@ event loop owned by the environment.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import copy
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import gymnasium
 
@@ -65,6 +63,12 @@ from toolgym.errors import (
 from toolgym.parsing import ParsedTurn, parse, tools_system_prompt
 from toolgym.spaces import MessagesSpace, TextSpace
 from toolgym.unlocks import UnlockTracker, announcement, check_rules, parse_rules, split_tools
+
+if TYPE_CHECKING:
+    import asyncio
+
+# asyncio and concurrent.futures are imported where they are used: `import toolgym` (and with it every
+# `toolgym.tools...` import, e.g. a search index opened in a fresh process) should not pay for them.
 
 __all__ = ["MessagesSpace", "RetryPolicy", "TextSpace", "ToolEnv"]
 
@@ -407,6 +411,8 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
                     self.retry.retries,
                     delay,
                 )
+                import asyncio
+
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
@@ -463,6 +469,9 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         if self._closed and not allow_closed:
             coro.close()
             raise ToolgymError("this environment is closed; make a new one")
+        import asyncio
+        import concurrent.futures
+
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         try:

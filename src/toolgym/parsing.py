@@ -28,8 +28,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from toolgym.data import json_error
 from toolgym.errors import ToolParseError, did_you_mean
 
@@ -297,6 +295,8 @@ def schema_problem(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> s
     for key in schema.get("required", []):
         if key not in arguments:
             return f"missing required argument {key!r}"
+    import jsonschema  # imported on first use: it costs a tenth of a second, and most imports never validate
+
     validator = jsonschema.Draft202012Validator(dict(schema))
     error = jsonschema.exceptions.best_match(validator.iter_errors(dict(arguments)))
     if error is None:

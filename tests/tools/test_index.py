@@ -140,7 +140,7 @@ def test_cache_hit_reuses_the_index(small_docs, tmp_path, monkeypatch, caplog) -
 def test_truncated_index_is_rebuilt_with_a_warning(small_docs, tmp_path, caplog) -> None:
     index = build_index(small_docs, path=tmp_path / "ix")
     expected = index.search("Super Bowl", k=5)
-    weights = tmp_path / "ix" / "bm25_docs.npy"
+    weights = tmp_path / "ix" / "bm25_docs.bin"
     size = weights.stat().st_size
     with open(weights, "r+b") as fh:
         fh.truncate(size // 2)
