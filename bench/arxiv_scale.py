@@ -21,7 +21,8 @@ entry ``i mod B`` (the bibliography entries, parsed, then the 49 papers), with t
 The query papers are the 49 shipped papers (40 tasks). Per size, in a fresh process pinned to
 ``--cores`` CPUs with an empty index cache: the time to build ``ArxivRefsEnv(collection=...)`` (read,
 merge, near-duplicates, bans, tasks, BM25 index), the CPU time it used (less sensitive than wall time
-to other jobs on a shared machine) and the process's peak RSS. Up to ``--compare-max``
+to other jobs on a shared machine; the index build's worker processes included) and the peak RSS of
+the build's processes together (``bench/memory.py``). Up to ``--compare-max``
 records it also times the near-duplicate rule side by side with the all-pairs comparison it replaced
 and checks both give the same bans. A second process then builds the same environment with the
 index already cached (what every later start on the same data pays). The growth exponent is the
@@ -47,12 +48,15 @@ import json, os, resource, sys, time
 cores = int(sys.argv[3])
 if hasattr(os, "sched_setaffinity") and cores > 0:
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
+sys.path.insert(0, sys.argv[4])
+from memory import TreePeak  # bench/memory.py: the index build analyses in worker processes
+peak = TreePeak()
 start = time.perf_counter()
 from toolgym.envs.arxiv_refs import ArxivRefsEnv
 env = ArxivRefsEnv(collection=sys.argv[1])
 build = time.perf_counter() - start
-usage = resource.getrusage(resource.RUSAGE_SELF)
-out = {"build_s": build, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024,
+usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+out = {"build_s": build, "cpu_s": sum(u.ru_utime + u.ru_stime for u in usage), "rss_mb": peak.stop(),
        "records": env.stats["records"], "linked": env.stats.get("collection_records_linked", 0),
        "tasks": len(env.tasks)}
 if int(sys.argv[2]):
@@ -149,10 +153,19 @@ def main() -> None:
             synthesise(n, path)
             made = time.perf_counter() - t
             env = dict(os.environ, TOOLGYM_CACHE=str(Path(tmp) / f"cache-{n}"))
-            cmd = [sys.executable, "-c", CHILD, str(path), str(int(n <= args.compare_max)), str(args.cores)]
+            here = str(Path(__file__).resolve().parent)
+            cmd = [
+                sys.executable,
+                "-c",
+                CHILD,
+                str(path),
+                str(int(n <= args.compare_max)),
+                str(args.cores),
+                here,
+            ]
             row = build(cmd, env, n)
             # A second build finds the index in the cache (what every later start of the same data pays).
-            row["cached_s"] = build([*cmd[:4], "0", cmd[5]], env, n)["build_s"]
+            row["cached_s"] = build([*cmd[:4], "0", *cmd[5:]], env, n)["build_s"]
             rows.append((n, row))
             line = (
                 f"{n:>8} records  synthesised {made:6.1f} s  build {row['build_s']:7.1f} s "

@@ -29,17 +29,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from search import shipped_paragraphs  # bench/search.py (this script's folder is on sys.path)
+from memory import TreePeak, self_peak_mb  # bench/memory.py (this script's folder is on sys.path)
+from search import shipped_paragraphs  # bench/search.py
 
 RUN = 25  # words per run; four runs per 100-word passage
 
@@ -76,42 +74,7 @@ def queries(limit: int) -> list[str]:
 
 
 def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _tree_rss_kb(pid: int) -> int:
-    """Resident memory of ``pid`` and all its descendants now (Linux /proc), in KiB."""
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            with open(f"/proc/{current}/status") as fh:
-                total += next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as fh:
-                    todo.extend(int(c) for c in fh.read().split())
-        except (OSError, StopIteration):
-            continue  # the process ended meanwhile
-    return total
-
-
-class TreePeak:
-    """Samples the resident memory of this process and its children; ``peak_mb`` is the highest sum."""
-
-    def __init__(self, interval: float = 0.05) -> None:
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-        self._thread.start()
-
-    def _run(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            self.peak_kb = max(self.peak_kb, _tree_rss_kb(os.getpid()))
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return max(self.peak_kb / 1024, rss_mb())
+    return self_peak_mb()
 
 
 def worker_build(args: argparse.Namespace) -> dict[str, float]:

@@ -54,7 +54,7 @@
 /* Term frequencies up to this are scored from a per-query table (no division, no float norm). */
 #define TABLE_TF 2
 /* Documents per window (a multiple of 64: the window's seen-bitmap is 64-bit words). */
-#define WINDOW 8192
+#define WINDOW 16384
 
 enum { DOCBYTES, BLOCKOFF, BLOCKBASE, TFS, NORMS, NORMCACHE, IDRANK, INDPTR, BLOCKPTR, BLOCKMAX, BLOCKLAST, IDF,
        N_VIEWS };
@@ -290,12 +290,47 @@ static inline double window_bound(Cursor *c, uint32_t lo, uint32_t hi) {
     return (double)top * c->boost;
 }
 
+/* One block's postings [pos, end) below hi, added to the accumulator; returns where it stopped, or
+ * -1 on a posting below lo (out of order: corrupt). ID(i) reads the block's i-th id; the common case
+ * (one-byte frequencies, Lucene's norm codes, frequencies read from the table) runs on locals. */
+#define ACCUMULATE_BLOCK(ID)                                                                                   \
+    do {                                                                                                       \
+        if (fast) {                                                                                            \
+            const uint8_t *tf8 = c->tfs;                                                                       \
+            for (; pos < end; pos++) {                                                                         \
+                uint32_t d = ID(pos - first);                                                                  \
+                if (d >= hi) break;                                                                            \
+                if (d < lo) return -1;                                                                         \
+                uint32_t off = d - lo, freq = tf8[pos];                                                        \
+                uint8_t code = codes[d];                                                                       \
+                acc[off] += freq - 1 < TABLE_TF ? table[(freq - 1) * 256 + code]                               \
+                                                : weight - weight / (1.0f + (float)freq * cache[code]);        \
+                seen[off >> 6] |= (uint64_t)1 << (off & 63);                                                   \
+            }                                                                                                  \
+        } else {                                                                                               \
+            for (; pos < end; pos++) {                                                                         \
+                uint32_t d = ID(pos - first);                                                                  \
+                if (d >= hi) break;                                                                            \
+                if (d < lo) return -1;                                                                         \
+                uint32_t off = d - lo;                                                                         \
+                acc[off] += term_score(c, tf_at(c, pos), d, nv);                                               \
+                seen[off >> 6] |= (uint64_t)1 << (off & 63);                                                   \
+            }                                                                                                  \
+        }                                                                                                      \
+    } while (0)
+#define NARROW_ID(i) (base + d16[i])
+#define WIDE_ID(i) (d32[i])
+
 /* Add the cursor's scores for its postings in [lo, hi) to the window accumulator and mark them seen;
  * the cursor ends on its first posting >= hi. Returns -1 on postings out of order (corrupt). */
 static int accumulate(Cursor *c, uint32_t lo, uint32_t hi, const Norms *nv, double *acc, uint64_t *seen) {
+    const int fast = c->tf_width == 1 && nv->codes != NULL;
+    const uint8_t *codes = nv->codes;
+    const float *cache = nv->cache, *table = c->table;
+    const float weight = c->weight;
     while (c->cur < hi) {
         if (c->cur < lo) return -1;
-        /* The rest of the current block, with its ids and frequencies in locals. */
+        /* The rest of the current block. */
         int64_t b = c->pos >> c->shift, end = (b + 1) << c->shift;
         if (end > c->n) end = c->n;
         if (c->loaded != b) load_block(c, b);
@@ -303,14 +338,8 @@ static int accumulate(Cursor *c, uint32_t lo, uint32_t hi, const Norms *nv, doub
         const uint16_t *d16 = c->d16;
         const uint32_t *d32 = c->d32;
         const uint32_t base = c->cbase;
-        for (; pos < end; pos++) {
-            uint32_t d = d16 ? base + d16[pos - first] : d32[pos - first];
-            if (d >= hi) break;
-            if (d < lo) return -1;
-            uint32_t off = d - lo;
-            acc[off] += term_score(c, tf_at(c, pos), d, nv);
-            seen[off >> 6] |= (uint64_t)1 << (off & 63);
-        }
+        if (d16) ACCUMULATE_BLOCK(NARROW_ID);
+        else ACCUMULATE_BLOCK(WIDE_ID);
         c->pos = pos;
         c->cur = pos < c->n ? doc_at(c, pos) : END_DOC;
         if (pos < end) break; /* stopped at hi inside the block */

@@ -566,14 +566,14 @@ def analyze(text: str) -> list[str]:
         The stemmed, lower-cased terms in order, stop words removed.
     """
     # NOTE: a token's term depends on the token alone, so it is computed once per distinct token.
-    terms = []
+    terms: list[str] = []
     known = _TERMS.get
     for token in tokenize(text):
         term = known(token, _MISSING)
         if term is _MISSING:
             term = _term(token)
-        if term is not None:
-            terms.append(term)  # type: ignore[arg-type]
+        if isinstance(term, str):
+            terms.append(term)
     return terms
 
 

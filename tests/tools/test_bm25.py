@@ -120,7 +120,9 @@ def test_corrupt_postings_are_an_error_not_a_crash(docs, tmp_path) -> None:
     beyond = dict(arrays, blockbase=np.full_like(arrays["blockbase"], 10**8))  # every id past the end
     kernel = Ranker(**beyond, block=bm25_build.BLOCK)
     with pytest.raises(ValueError, match="a document beyond the collection or out of order"):
-        kernel.search(np.arange(n_terms, dtype=np.int64).tobytes(), np.ones(n_terms, np.float32).tobytes(), 10)
+        kernel.search(
+            np.arange(n_terms, dtype=np.int64).tobytes(), np.ones(n_terms, np.float32).tobytes(), 10
+        )
     rng = np.random.default_rng(0)
     garbage = dict(arrays, docbytes=rng.integers(0, 256, len(arrays["docbytes"]), dtype=np.uint8))
     garbage["tfs"] = rng.integers(0, 256, len(arrays["tfs"]), dtype=np.uint8)
