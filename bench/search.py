@@ -148,9 +148,12 @@ def main() -> None:
     queries = [q for q, _ in pairs]
     gold = [g for _, g in pairs]
     ranked: dict[str, list[list[str]]] = {}
+    hits: dict[str, list[list[tuple[str, float]]]] = {}
     for backend in ("default", "pyserini"):
         index = build_index(docs, backend=backend, path=root / f"quality-{backend}")
-        ranked[backend] = [[h.doc_id for h in hits] for hits in index.search_batch(queries, k=10, threads=1)]
+        found = index.search_batch(queries, k=10, threads=1)
+        hits[backend] = [[(h.doc_id, h.score) for h in row] for row in found]
+        ranked[backend] = [[doc_id for doc_id, _ in row] for row in hits[backend]]
         index.close()
     print(f"quality corpus: {len(docs):,} docs, {len(queries):,} XQuAD questions")
     for backend, results in ranked.items():
@@ -158,6 +161,8 @@ def main() -> None:
     print(
         f"  mean top-10 overlap default vs pyserini: {overlap_at_10(ranked['default'], ranked['pyserini']):.4f}"
     )
+    same = sum(a == b for a, b in zip(hits["default"], hits["pyserini"], strict=True))
+    print(f"  identical top-10 hit lists (ids, order, shown scores): {same}/{len(queries)}")
 
     passages = speed_corpus(args.window)[: SMOKE_DOCS if args.smoke else None]
     print(

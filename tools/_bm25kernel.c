@@ -241,8 +241,8 @@ static inline void seek(Cursor *c, uint32_t target) {
         /* the target lies before the block: its first remaining posting is the answer */
     } else if (d16) {
         int step = 0;
-        while (step < 4 && i < end && d16[i] < rel) i++, step++;
-        if (step == 4)
+        while (step < 16 && i < end && d16[i] < rel) i++, step++;
+        if (step == 16)
             for (int64_t h = end; i < h;) {
                 int64_t mid = i + ((h - i) >> 1);
                 if (d16[mid] < rel) i = mid + 1;
@@ -250,8 +250,8 @@ static inline void seek(Cursor *c, uint32_t target) {
             }
     } else {
         int step = 0;
-        while (step < 4 && i < end && d32[i] < rel) i++, step++;
-        if (step == 4)
+        while (step < 16 && i < end && d32[i] < rel) i++, step++;
+        if (step == 16)
             for (int64_t h = end; i < h;) {
                 int64_t mid = i + ((h - i) >> 1);
                 if (d32[mid] < rel) i = mid + 1;

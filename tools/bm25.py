@@ -32,7 +32,9 @@ memory), :mod:`toolgym.tools.bm25_search` answers queries through the C kernel
 from __future__ import annotations
 
 import functools
+import math
 import re
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -701,16 +703,18 @@ def anserini_display(scores: Sequence[float]) -> list[float]:
     1e4)``); a score within 1e-4 of the previous one is then lowered by 1e-6 per tie, in float, so
     the shown scores keep the ranked order.
     """
-    if not scores:
-        return []
-    scaled = np.asarray(scores, dtype=np.float32).astype(np.float64) * 1e4
-    shown = (np.floor(scaled + 0.5) / 1e4).astype(np.float32)
-    if np.any(shown[:-1] - shown[1:] <= np.float32(1e-4)):  # rare: each nudge moves the next comparison
+    # array("f") rounds each double to the nearest float, as Java's (float) cast does.
+    shown = array("f", [math.floor(score * 1e4 + 0.5) / 1e4 for score in scores])
+    # Ties are rare; the check is loose (1.01e-4) so that every pair Java's float comparison could call
+    # a tie is redone exactly, in float32.
+    if any(a - b <= 1.01e-4 for a, b in zip(shown, shown[1:], strict=False)):
+        values = np.asarray(shown, dtype=np.float32)
         dup = 0
-        for i in range(1, len(shown)):
-            if shown[i - 1] - shown[i] > np.float32(1e-4):
+        for i in range(1, len(values)):
+            if values[i - 1] - values[i] > np.float32(1e-4):
                 dup = 0
             else:
                 dup += 1
-                shown[i] = shown[i] - np.float32(1e-6) * np.float32(dup)
-    return [float(x) for x in shown]
+                values[i] = values[i] - np.float32(1e-6) * np.float32(dup)
+        return [float(x) for x in values]
+    return shown.tolist()

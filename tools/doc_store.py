@@ -38,9 +38,13 @@ class DocumentWriter:
         self._pos = 0
 
     def add(self, title: str, text: str) -> None:
-        """Append one document (its position is the number added before it)."""
-        for part in (title, text):
-            data = part.encode("utf-8")
+        """Append one document (its position is the number added before it).
+
+        Raises:
+            UnicodeEncodeError: a lone surrogate in ``title`` or ``text`` (nothing is written then).
+        """
+        parts = (title.encode("utf-8"), text.encode("utf-8"))
+        for data in parts:
             self._fh.write(data)
             self._pos += len(data)
             self._offsets.append(self._pos)

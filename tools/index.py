@@ -154,14 +154,18 @@ class _CorpusWriter:
             raise ConfigError(
                 f"{label}: duplicate id {doc_id!r} (first used at {self._first_seen[doc_id]}); ids must be unique"
             )
+        try:
+            # The corpus hash: one JSON row per document, as it has always been computed.
+            row = json.dumps((doc_id, doc["title"], doc["text"]), ensure_ascii=False).encode("utf-8")
+            self._writer.add(doc["title"], doc["text"])
+        except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a "\ud800" escape in JSON
+            raise ConfigError(
+                f"{label}: the document is not valid Unicode text ({exc.reason} at {exc.start})"
+            ) from None
         self._first_seen[doc_id] = label
         self.ids.append(doc_id)
-        # The corpus hash: one JSON row per document, as it has always been computed.
-        self._digest.update(
-            json.dumps((doc_id, doc["title"], doc["text"]), ensure_ascii=False).encode("utf-8")
-        )
+        self._digest.update(row)
         self._digest.update(b"\n")
-        self._writer.add(doc["title"], doc["text"])
 
     def finish(self) -> str:
         """Write the store's remaining files; returns the corpus hash."""

@@ -258,6 +258,16 @@ def test_empty_or_missing_corpus(tmp_path) -> None:
         build_command(tmp_path / "nope.jsonl", "default", None)
 
 
+def test_a_lone_surrogate_is_a_config_error_naming_the_line(tmp_path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        '{"id": "a", "title": "t", "text": "x"}\n{"id": "b", "title": "t", "text": "\\ud800"}\n'
+    )
+    with pytest.raises(ConfigError, match=r"corpus.jsonl:2: the document is not valid Unicode text"):
+        build_command(corpus, "default", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_documents_given_as_dicts_are_checked(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"document 2: duplicate id 'x'"):
         build_index(
