@@ -6,9 +6,8 @@ and hands the rest to the C kernel (``tools/_bm25kernel.c``: block-max MaxScore,
 arithmetic, Anserini's order), which runs without the GIL: ``top_k_batch`` with ``threads > 1``
 searches on that many threads of this process, sharing one copy of the pages.
 
-:func:`exhaustive_top_k` scores every posting of the query's terms with numpy, no pruning: the
-reference the kernel is tested against, and the previous implementation's algorithm (the benchmark
-times both).
+:func:`exhaustive_top_k` scores every posting of the query's terms with numpy, no pruning (what the
+numpy backend before the kernel did): the reference the kernel is tested against.
 """
 
 from __future__ import annotations

@@ -393,11 +393,17 @@ def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | 
                 log.warning("%s -- rebuilding it from the corpus", exc)
             else:
                 if manifest.get("key") == key:
-                    log.info("search index cache hit: %s", target)
-                    return Index(target, manifest)
-                log.warning(
-                    "the index at %s was built from another corpus or settings; rebuilding it", target
-                )
+                    try:
+                        index = Index(target, manifest)
+                    except BackendError as exc:  # checked files that still cannot be read: rebuild
+                        log.warning("%s -- rebuilding it from the corpus", exc)
+                    else:
+                        log.info("search index cache hit: %s", target)
+                        return index
+                else:
+                    log.warning(
+                        "the index at %s was built from another corpus or settings; rebuilding it", target
+                    )
 
         manifest = _index_files(tmp, backend, key, corpus_sha, ids)
         old = None

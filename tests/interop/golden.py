@@ -3,8 +3,10 @@
 Each script is a fixed list of assistant turns (well-formed and malformed calls, tool errors,
 truncation, terminal answers). :func:`play` runs them against an environment built by a callable and
 returns every observation, reward, flag and info; :func:`canonical` turns that into the bytes a golden
-file holds. Run ``python tests/interop/golden.py`` to record the files again (only after a deliberate
-environment change, which also bumps the environment's version).
+file holds. Run ``python tests/interop/golden.py`` to record the files again, only after a deliberate
+environment change (which also bumps the environment's version) or a fix that makes a tool keep its
+documented contract (say which in the commit: the default search backend returning exactly Lucene's
+hits changed two SearchQA search results here without a version bump).
 """
 
 from __future__ import annotations

@@ -151,6 +151,21 @@ def test_truncated_index_is_rebuilt_with_a_warning(small_docs, tmp_path, caplog)
     assert rebuilt.search("Super Bowl", k=5) == expected
 
 
+def test_an_index_whose_checked_files_cannot_be_opened_is_rebuilt(small_docs, tmp_path, caplog) -> None:
+    # A manifest that matches its files but a layout this toolgym cannot open (e.g. an index written by
+    # a development build of another layout under the same format number) is rebuilt, not an error.
+    build_index(small_docs, path=tmp_path / "ix")
+    manifest = json.loads((tmp_path / "ix" / "manifest.json").read_text())
+    del manifest["files"]["bm25_blockoff.npy"]
+    (tmp_path / "ix" / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "ix" / "bm25_blockoff.npy").unlink()
+    with pytest.raises(BackendError, match="cannot read the index"):
+        load_index(tmp_path / "ix")
+    with caplog.at_level(logging.WARNING, logger="toolgym.tools.index"):
+        rebuilt = build_index(small_docs, path=tmp_path / "ix")
+    assert "rebuilding" in caplog.text and rebuilt.search("Super Bowl", k=3)
+
+
 def test_load_index_on_truncated_file_raises_backend_error(small_docs, tmp_path) -> None:
     build_index(small_docs, path=tmp_path / "ix")
     with open(tmp_path / "ix" / "docs.bin", "r+b") as fh:

@@ -180,7 +180,9 @@ def test_attack_cpu_spin_in_many_threads_is_killed(sandbox: DockerSandbox) -> No
     spin()
     """
     result = _run(sandbox, code, timeout=2)
-    assert result.timed_out and result.duration_s < 3.0
+    # The wall clock (2 s) and the CPU-time limit (2 s of CPU on the container's one CPU) race here:
+    # either stops the spinning threads, in under 3 s.
+    assert (result.timed_out or result.cpu_time_exceeded) and result.duration_s < 3.0
 
 
 @pytest.mark.docker

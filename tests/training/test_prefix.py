@@ -255,4 +255,8 @@ def test_shared_prefix_matches_full_passes_on_smollm2() -> None:
     assert abs(full[0]) > 1e-3
     assert shared[0] == pytest.approx(full[0], abs=TOL)
     assert shared[1] == pytest.approx(full[1], abs=TOL)
-    assert _max_diff(shared[2], full[2]) < TOL
+    # 135M float32 gradients summed in another order: relative to the largest gradient, not absolute
+    # (measured: 1.96e-5 absolute with transformers 5.19 / torch 2.13). A wrong prefix pass is off by
+    # the gradient's own size.
+    largest = max(float(g.abs().max()) for g in full[2].values())
+    assert _max_diff(shared[2], full[2]) < 1e-4 * largest
