@@ -42,8 +42,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
-#error "Lucene-exact scores need float arithmetic evaluated in float (FLT_EVAL_METHOD == 0)"
+/* 0: float and double operations are evaluated in their own type (SSE, NEON); 16: the same, with
+ * _Float16 evaluated in float (compilers targeting AVX512-FP16). x87's extended precision would break
+ * the bit-for-bit agreement with Java. */
+#if !defined(FLT_EVAL_METHOD) || (FLT_EVAL_METHOD != 0 && FLT_EVAL_METHOD != 16)
+#error "Lucene-exact scores need float arithmetic evaluated in float (FLT_EVAL_METHOD 0 or 16)"
 #endif
 
 #define END_DOC UINT32_MAX
