@@ -73,10 +73,6 @@ def queries(limit: int) -> list[str]:
     return [t.metadata["question"] for t in default_questions()][:limit]
 
 
-def rss_mb() -> float:
-    return self_peak_mb()
-
-
 def worker_build(args: argparse.Namespace) -> dict[str, float]:
     from toolgym.tools.index import build_index
 
@@ -102,7 +98,7 @@ def worker_query(args: argparse.Namespace) -> dict[str, object]:
         best = max(best, len(qs) / (time.perf_counter() - start))
     hits = [[[h.doc_id, h.score] for h in found] for found in index.search_batch(qs, k=10, threads=1)]
     index.close()
-    return {"qps": best, "query_rss_mb": rss_mb(), "hits": hits}
+    return {"qps": best, "query_rss_mb": self_peak_mb(), "hits": hits}
 
 
 COLD = """

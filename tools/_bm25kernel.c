@@ -203,11 +203,6 @@ static inline float term_score(const Cursor *c, uint32_t freq, uint32_t doc, con
 
 static inline float score_here(Cursor *c, const Norms *nv) { return term_score(c, tf_at(c, c->pos), c->cur, nv); }
 
-static inline void next_posting(Cursor *c) {
-    c->pos++;
-    c->cur = c->pos < c->n ? doc_at(c, c->pos) : END_DOC;
-}
-
 static inline void exhaust(Cursor *c) {
     c->pos = c->n;
     c->cur = END_DOC;
@@ -239,28 +234,27 @@ static inline void seek(Cursor *c, uint32_t target) {
     int64_t first = c->bpos << c->shift, i = lo - first, end = hi - first;
     const uint16_t *d16 = c->d16;
     const uint32_t *d32 = c->d32;
-    const uint32_t rel = d16 ? target - c->cbase : target; /* base <= every id of the block */
-    if (d16 && target < c->cbase) {
-        /* the target lies before the block: its first remaining posting is the answer */
-    } else if (d16) {
-        int step = 0;
-        while (step < 16 && i < end && d16[i] < rel) i++, step++;
-        if (step == 16)
-            for (int64_t h = end; i < h;) {
-                int64_t mid = i + ((h - i) >> 1);
-                if (d16[mid] < rel) i = mid + 1;
-                else h = mid;
-            }
+#define FIRST_AT_LEAST(IDS, REL)                                                                               \
+    do {                                                                                                       \
+        int step = 0;                                                                                          \
+        while (step < 16 && i < end && IDS[i] < (REL)) i++, step++;                                            \
+        if (step == 16)                                                                                        \
+            for (int64_t h = end; i < h;) {                                                                    \
+                int64_t mid = i + ((h - i) >> 1);                                                              \
+                if (IDS[mid] < (REL)) i = mid + 1;                                                             \
+                else h = mid;                                                                                  \
+            }                                                                                                  \
+    } while (0)
+    if (d16) {
+        /* base <= every id of the block; a target before the base: the first remaining posting */
+        if (target >= c->cbase) {
+            const uint32_t rel = target - c->cbase;
+            FIRST_AT_LEAST(d16, rel);
+        }
     } else {
-        int step = 0;
-        while (step < 16 && i < end && d32[i] < rel) i++, step++;
-        if (step == 16)
-            for (int64_t h = end; i < h;) {
-                int64_t mid = i + ((h - i) >> 1);
-                if (d32[mid] < rel) i = mid + 1;
-                else h = mid;
-            }
+        FIRST_AT_LEAST(d32, target);
     }
+#undef FIRST_AT_LEAST
     if (i >= end) { /* only a corrupt block has no posting >= its own last document */
         exhaust(c);
         return;

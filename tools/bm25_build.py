@@ -38,36 +38,24 @@ Files written (all little-endian ``.npy`` arrays unless named otherwise)::
     bm25_terms.bin, bm25_terms_offsets.npy, bm25_terms_slots.npy
                               the vocabulary, term id <-> term (:mod:`toolgym.tools.string_table`)
 
-Parallelism: workers are plain ``python`` subprocesses speaking a small pipe protocol (not
-``multiprocessing``), so a build never re-imports the caller's ``__main__`` script and works from an
-unguarded script, a notebook or a process that runs a JVM. ``TOOLGYM_INDEX_WORKERS`` sets their
-number (default: the CPUs this process may use, at most 8; collections under ``PARALLEL_MIN_DOCS``
-documents are analysed in-process).
+Parallelism: :mod:`toolgym.tools.bm25_workers` (plain ``python`` subprocesses, one per CPU, at most
+8; ``TOOLGYM_INDEX_WORKERS`` sets their number; small collections are analysed in-process).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import pickle
-import struct
-import subprocess
-import sys
-import traceback
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from toolgym.errors import BackendError
 from toolgym.tools.bm25 import (
     BM25Settings,
-    analyze,
     lucene_avgdl,
     lucene_idf,
     lucene_norm_cache,
@@ -75,10 +63,11 @@ from toolgym.tools.bm25 import (
     lucene_norm_inverse,
     lucene_term_scores,
 )
+from toolgym.tools.bm25_workers import Workers, analyse_range, worker_count
 from toolgym.tools.doc_store import DocumentStore
 from toolgym.tools.string_table import string_table_files, write_string_table
 
-__all__ = ["BLOCK", "FILES", "build_bm25", "worker_count"]
+__all__ = ["BLOCK", "FILES", "build_bm25"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +76,6 @@ BLOCK = 128
 TASK_DOCS = 2048
 RUN_TOKENS = 4_000_000
 MERGE_POSTINGS = 4_000_000
-PARALLEL_MIN_DOCS = 20_000
 _ARRAYS = (
     "indptr",
     "tfs",
@@ -109,143 +97,6 @@ FILES = (
 )
 #: A block's ``blockbase`` when it stores 4-byte ids (it spans 65,536 ids or more).
 WIDE_BLOCK = 0xFFFFFFFF
-
-
-def worker_count(n_docs: int) -> int:
-    """How many analysis processes a build of ``n_docs`` documents uses (0: analyse in-process)."""
-    given = os.environ.get("TOOLGYM_INDEX_WORKERS")
-    if given is not None:
-        try:
-            wanted = int(given)
-        except ValueError:
-            raise BackendError(f"TOOLGYM_INDEX_WORKERS must be an integer, got {given!r}") from None
-        return wanted if wanted > 1 else 0
-    if n_docs < PARALLEL_MIN_DOCS:
-        return 0
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return min(cpus, 8) if cpus > 1 else 0
-
-
-# ------------------------------------------------------------------------------------------- analysis
-
-
-def _analyse(store: DocumentStore, lo: int, hi: int) -> tuple[list[str], bytes, bytes]:
-    """Terms of documents [lo, hi): (local vocabulary, int32 token ids, int32 lengths) as bytes."""
-    local: dict[str, int] = {}
-    tokens = array("i")
-    lengths = array("i")
-    for content in store.read_contents(lo, hi):
-        terms = analyze(content)
-        tokens.extend([local.setdefault(t, len(local)) for t in terms])
-        lengths.append(len(terms))
-    return list(local), tokens.tobytes(), lengths.tobytes()
-
-
-#: What an analysis worker runs (``python -c``): a module constant, so tests can make one fail.
-WORKER_CODE = "from toolgym.tools.bm25_build import worker_main; worker_main()"
-_HEADER = struct.Struct("<qq")
-_FRAME = struct.Struct("<q")
-
-
-def _read_exact(stream: IO[bytes], n: int) -> bytes:
-    data = stream.read(n)
-    if data is None or len(data) != n:
-        raise EOFError
-    return data
-
-
-def worker_main() -> None:
-    """Entry point of an analysis worker: tasks (lo, hi) on stdin, pickled results on stdout.
-
-    A result frame is its length (int64) then the pickle; a negative length announces a traceback.
-    """
-    store = DocumentStore(Path(sys.argv[1]), with_ids=False)
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    while True:
-        try:
-            lo, hi = _HEADER.unpack(_read_exact(stdin, _HEADER.size))
-        except EOFError:
-            return
-        try:
-            payload = pickle.dumps(_analyse(store, lo, hi), protocol=pickle.HIGHEST_PROTOCOL)
-            stdout.write(_FRAME.pack(len(payload)) + payload)
-        except Exception:  # report it to the parent, which raises it as a build error
-            message = traceback.format_exc().encode("utf-8", "replace")
-            stdout.write(_FRAME.pack(-len(message)) + message)
-            stdout.flush()
-            return
-        stdout.flush()
-
-
-class _Workers:
-    """Analysis subprocesses; task j goes to worker j mod n, so results come back in task order."""
-
-    def __init__(self, n: int, store_path: Path) -> None:
-        self._procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", WORKER_CODE, str(store_path)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-            )
-            for _ in range(n)
-        ]
-
-    def run(self, tasks: Sequence[tuple[int, int]]) -> Iterator[tuple[list[str], bytes, bytes]]:
-        n = len(self._procs)
-        sent = 0
-        for j in range(len(tasks)):
-            while sent < len(tasks) and sent < j + 2 * n:  # two tasks in flight per worker
-                proc = self._procs[sent % n]
-                assert proc.stdin is not None
-                try:
-                    proc.stdin.write(_HEADER.pack(*tasks[sent]))
-                    proc.stdin.flush()
-                except OSError:  # the pipe broke: the worker is gone
-                    raise self._died(proc) from None
-                sent += 1
-            yield self._result(self._procs[j % n])
-
-    @staticmethod
-    def _result(proc: subprocess.Popen[bytes]) -> tuple[list[str], bytes, bytes]:
-        assert proc.stdout is not None
-        try:
-            (size,) = _FRAME.unpack(_read_exact(proc.stdout, _FRAME.size))
-            if size < 0:
-                raise BackendError(
-                    "an index build worker failed:\n" + _read_exact(proc.stdout, -size).decode("utf-8")
-                )
-            result: tuple[list[str], bytes, bytes] = pickle.loads(_read_exact(proc.stdout, size))
-            return result
-        except EOFError:
-            raise _Workers._died(proc) from None
-
-    @staticmethod
-    def _died(proc: subprocess.Popen[bytes]) -> BackendError:
-        try:
-            code: int | str = proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            code = "unknown: it stopped answering"
-        return BackendError(
-            f"an index build worker died (exit status {code}); if the machine ran out of memory, "
-            "set TOOLGYM_INDEX_WORKERS=1 (analysis in this process) and build again"
-        )
-
-    def close(self) -> None:
-        for proc in self._procs:
-            if proc.stdin is not None:
-                with contextlib.suppress(OSError):  # a dead worker's pipe
-                    proc.stdin.close()
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
 
 
 # ----------------------------------------------------------------------------------------------- runs
@@ -397,11 +248,11 @@ def _analyse_all(
     vocab: dict[str, int] = {}
     lengths = np.zeros(n_docs, dtype=np.int64)
     spiller = _Spiller(work)
-    pool = _Workers(n_workers, store_path) if n_workers > 1 else None
+    pool = Workers(n_workers, store_path) if n_workers > 1 else None
     if pool is not None:
         log.info("analysing %d documents in %d worker processes", n_docs, n_workers)
     try:
-        results = pool.run(tasks) if pool is not None else (_analyse(store, lo, hi) for lo, hi in tasks)
+        results = pool.run(tasks) if pool is not None else (analyse_range(store, lo, hi) for lo, hi in tasks)
         for (lo, hi), (local_terms, tokens, task_lengths) in zip(tasks, results, strict=True):
             to_global = np.fromiter(
                 (vocab.setdefault(t, len(vocab)) for t in local_terms), dtype=np.int64, count=len(local_terms)
@@ -440,7 +291,12 @@ def _merge(
 
     doc_count = int(np.count_nonzero(lengths))
     avgdl = lucene_avgdl(int(lengths.sum()), doc_count)
-    norms = lucene_norm_inverse(lengths, avgdl, settings)
+    if settings.lucene_norms:  # stored: each document's norm code, and the cache that decodes it
+        stored_norms, cache = lucene_norm_codes(lengths), lucene_norm_cache(avgdl, settings)
+        norms = cache[stored_norms]
+    else:  # stored: each document's normInverse
+        norms = stored_norms = lucene_norm_inverse(lengths, avgdl, settings)
+        cache = np.zeros(0, dtype=np.float32)
     idf = lucene_idf(doc_count, df)
     tf_dtype = np.uint8 if spiller.max_tf <= 0xFF else np.uint16 if spiller.max_tf <= 0xFFFF else np.uint32
 
@@ -463,10 +319,6 @@ def _merge(
         for writer in writers.values():
             writer.close()
     np.save(out / "bm25_blockoff.npy", blockoff)
-    if settings.lucene_norms:
-        stored_norms, cache = lucene_norm_codes(lengths), lucene_norm_cache(avgdl, settings)
-    else:
-        stored_norms, cache = norms, np.zeros(0, dtype=np.float32)
     saved = {"indptr": indptr, "blockptr": blockptr, "idf": idf, "norms": stored_norms, "normcache": cache}
     for name, values in saved.items():
         np.save(out / f"bm25_{name}.npy", values)

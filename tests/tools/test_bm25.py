@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from toolgym.errors import BackendError
-from toolgym.tools import bm25_build, index_manifest
+from toolgym.tools import bm25_build, bm25_workers, index_manifest
 from toolgym.tools.bm25 import anserini_display, lucene_norm_cache
 from toolgym.tools.bm25_search import BM25Ranker, exhaustive_top_k
 from toolgym.tools.index import Index, build_index, load_index
@@ -166,7 +166,7 @@ def test_parallel_and_spilled_builds_are_byte_identical(docs, tmp_path, monkeypa
 
 def test_a_dying_build_worker_is_a_backend_error_and_leaves_no_index(docs, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TOOLGYM_INDEX_WORKERS", "2")
-    monkeypatch.setattr(bm25_build, "WORKER_CODE", "import os; os._exit(7)")
+    monkeypatch.setattr(bm25_workers, "WORKER_CODE", "import os; os._exit(7)")
     with pytest.raises(BackendError, match=r"index build worker died \(exit status 7\)"):
         build_index(docs[:3000], path=tmp_path / "ix")
     assert not (tmp_path / "ix").exists()
@@ -175,8 +175,8 @@ def test_a_dying_build_worker_is_a_backend_error_and_leaves_no_index(docs, tmp_p
 
 def test_a_failing_build_worker_reports_its_traceback(docs, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TOOLGYM_INDEX_WORKERS", "2")
-    code = "import toolgym.tools.bm25_build as b; b._analyse = lambda *a: 1 / 0; b.worker_main()"
-    monkeypatch.setattr(bm25_build, "WORKER_CODE", code)
+    code = "import toolgym.tools.bm25_workers as w; w.analyse_range = lambda *a: 1 / 0; w.worker_main()"
+    monkeypatch.setattr(bm25_workers, "WORKER_CODE", code)
     with pytest.raises(BackendError, match=r"(?s)worker failed.*ZeroDivisionError"):
         build_index(docs[:3000], path=tmp_path / "ix")
 
