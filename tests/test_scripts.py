@@ -150,7 +150,9 @@ def test_bench_arxiv_scale():
 
 
 def test_bench_search_scale():
-    out = run("bench/search_scale.py", "--sizes", "300,900", "--queries", "20", "--rounds", "1")
+    out = run(
+        "bench/search_scale.py", "--sizes", "300,900", "--queries", "20", "--rounds", "1", "--turns", "2"
+    )
     # The two backends return the same hits (ids, order, shown scores) for every query.
     assert out.count("identical top-10 hit lists: 20/20 of the quality subset, 20/20 of all queries") == 2, (
         out

@@ -29,9 +29,17 @@
  * the top k. So only the essential terms' documents are candidates (their postings summed
  * term-at-a-time into an accumulator), and a candidate is dropped as soon as its partial score plus
  * the bounds still to add (its block's own bound where known) cannot reach the k-th score; a window
- * with no essential term is skipped whole. Every comparison keeps a relative margin so rounding can
- * never drop a document that belongs in the result: pruning only skips work, it never changes the
- * answer (tests compare it with an exhaustive scorer).
+ * with no essential term is skipped whole. Non-essential terms are frequent ones, yet a candidate
+ * usually lacks them, and seeking into postings that turn out not to hold it was most of the work:
+ * a frequent term has a presence map (bit g set when any document in [g << shift, (g + 1) << shift)
+ * holds the term, about 8 bits per posting), and a clear bit skips the seek. Every comparison keeps
+ * a relative margin so rounding can never drop a document that belongs in the result: pruning only
+ * skips work, it never changes the answer (tests compare it with an exhaustive scorer).
+ *
+ * Seeding. With nothing in the top k yet, the first windows would prune nothing. So the search first
+ * scores, exactly, the union of the query's terms' best documents (the build keeps each term's 16
+ * best by its own score): the k-th best of those real scores is a floor for the final k-th score,
+ * and pruning starts from it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -60,12 +68,14 @@
 #define WINDOW 16384
 
 enum { DOCBYTES, BLOCKOFF, BLOCKBASE, TFS, NORMS, NORMCACHE, IDRANK, INDPTR, BLOCKPTR, BLOCKMAX, BLOCKLAST, IDF,
-       N_VIEWS };
-static const char *VIEW_NAMES[N_VIEWS] = {"docbytes", "blockoff", "blockbase", "tfs",      "norms",     "normcache",
-                                          "idrank",   "indptr",   "blockptr",  "blockmax", "blocklast", "idf"};
+       PRESENCE, PRESPTR, PRESSHIFT, TOPDOCS, TOPPTR, N_VIEWS };
+static const char *VIEW_NAMES[N_VIEWS] = {"docbytes", "blockoff",  "blockbase", "tfs",      "norms",
+                                          "normcache", "idrank",   "indptr",    "blockptr", "blockmax",
+                                          "blocklast", "idf",      "presence",  "presptr",  "presshift",
+                                          "topdocs",   "topptr"};
 /* Item size of each array; 0: 1, 2 or 4 bytes (term frequencies), -1: 1 or 4 bytes (norms: Lucene's
  * one-byte norm codes, decoded by the 256-entry normcache, or one float per document). */
-static const Py_ssize_t VIEW_ITEMSIZE[N_VIEWS] = {1, 8, 4, 0, -1, 4, 4, 8, 8, 4, 4, 4};
+static const Py_ssize_t VIEW_ITEMSIZE[N_VIEWS] = {1, 8, 4, 0, -1, 4, 4, 8, 8, 4, 4, 4, 8, 8, 1, 4, 8};
 
 typedef struct {
     PyObject_HEAD
@@ -97,7 +107,11 @@ typedef struct {
     float weight;       /* boost * idf, in float as Lucene computes it */
     const float *table; /* [TABLE_TF][256]: this term's score for tf 1..TABLE_TF and each norm code */
     double boost;
-    uint32_t cur; /* the document at pos, or END_DOC */
+    uint32_t cur;          /* the document at pos, or END_DOC */
+    const uint64_t *pres;  /* the term's presence map (bit g: a posting in [g << pshift, (g + 1) << pshift)), or NULL */
+    int pshift;
+    const uint32_t *top; /* the term's best documents (or NULL: it has few enough to take them all) */
+    int64_t ntop;
 } Cursor;
 
 typedef struct {
@@ -346,6 +360,80 @@ static int accumulate(Cursor *c, uint32_t lo, uint32_t hi, const Norms *nv, doub
 
 /* --------------------------------------------------------------------------------------- search */
 
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int cmp_float_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* Seeding costs at most this many (document, term) look-ups; longer queries start from nothing. */
+#define SEED_WORK 65536
+
+/* A floor for the k-th best score, to prune with from the first window on: the k-th best exact
+ * score among the query's terms' best documents (each term's best by its own score, kept by the
+ * build, or all its postings when it has no more than that). Those are real documents, so the
+ * final k-th score is at least this. Scored on copies of the cursors; -INFINITY when there are
+ * fewer than k such documents or the query is too long to be worth it; -2 in *status: corrupt. */
+static double seed_floor(const Ranker *self, const Cursor *cur, int m, int64_t k, const Norms *nv, int64_t *status) {
+    int64_t total = 0;
+    for (int i = 0; i < m; i++) total += cur[i].top ? cur[i].ntop : cur[i].n;
+    if (total < k || total * m > SEED_WORK) return -INFINITY;
+    uint32_t *docs = malloc(sizeof(uint32_t) * (size_t)total);
+    float *scores = malloc(sizeof(float) * (size_t)total);
+    Cursor *c = malloc(sizeof(Cursor) * (size_t)m);
+    double floor_ = -INFINITY;
+    if (!docs || !scores || !c) {
+        *status = -1;
+        goto out;
+    }
+    memcpy(c, cur, sizeof(Cursor) * (size_t)m);
+    int64_t n = 0;
+    for (int i = 0; i < m; i++) {
+        if (c[i].top) {
+            memcpy(docs + n, c[i].top, sizeof(uint32_t) * (size_t)c[i].ntop);
+            n += c[i].ntop;
+        } else {
+            for (int64_t p = 0; p < c[i].n; p++) docs[n++] = doc_at(&c[i], p);
+        }
+    }
+    qsort(docs, (size_t)n, sizeof(uint32_t), cmp_u32);
+    int64_t u = 0;
+    for (int64_t j = 0; j < n; j++)
+        if (u == 0 || docs[j] != docs[u - 1]) docs[u++] = docs[j];
+    if (u < k) goto out;
+    if (docs[u - 1] >= (uint32_t)self->n_docs) {
+        *status = -2;
+        goto out;
+    }
+    for (int64_t j = 0; j < u; j++) {
+        uint32_t d = docs[j];
+        double s = 0.0;
+        for (int i = 0; i < m; i++) {
+            Cursor *ci = &c[i];
+            if (ci->cur < d) {
+                if (ci->pres) {
+                    uint32_t g = d >> ci->pshift;
+                    if (!((ci->pres[g >> 6] >> (g & 63)) & 1)) continue;
+                }
+                seek(ci, d);
+            }
+            if (ci->cur == d) s += score_here(ci, nv);
+        }
+        scores[j] = (float)s;
+    }
+    qsort(scores, (size_t)u, sizeof(float), cmp_float_desc);
+    floor_ = scores[k - 1];
+out:
+    free(docs);
+    free(scores);
+    free(c);
+    return floor_;
+}
+
 /* The search proper; no Python calls. Documents are taken in windows of WINDOW ids. Per window,
  * each term's bound is the highest block maximum it has there; terms are ordered by that bound and
  * the lowest ones whose bounds sum below the k-th score are non-essential. The essential terms'
@@ -373,8 +461,11 @@ static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit
         goto out;
     }
     double *prefix = bound + m, *need = bound + 2 * m;
-    float thr = -INFINITY;  /* the k-th best score once the heap is full */
-    double cut = -INFINITY; /* a bound below this cannot reach thr, whatever the rounding */
+    float thr = -INFINITY; /* the k-th best score once the heap is full */
+    /* A bound below cut cannot reach the final k-th score, whatever the rounding. */
+    const double floor_ = seed_floor(self, cur, m, k, &nv, &status) / (1.0 + MARGIN);
+    if (status < 0) goto out;
+    double cut = floor_;
     uint32_t from = 0;
 
     for (;;) {
@@ -444,6 +535,10 @@ static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit
                     }
                     Cursor *c = &cur[order[j]];
                     if (c->cur < d) {
+                        if (c->pres) { /* a clear bit: the term is not in d (a set one may be a false alarm) */
+                            uint32_t g = d >> c->pshift;
+                            if (!((c->pres[g >> 6] >> (g & 63)) & 1)) continue;
+                        }
                         if (!shallow_seek(c, d)) {
                             exhaust(c);
                             continue;
@@ -462,6 +557,7 @@ static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit
                 if (size == k && heap[0].score != thr) {
                     thr = heap[0].score;
                     cut = thr / (1.0 + MARGIN);
+                    if (cut < floor_) cut = floor_;
                     need[0] = cut;
                     for (int j = 0; j < ne; j++) need[j + 1] = cut - prefix[j];
                 }
@@ -500,6 +596,7 @@ static int check_structure(Ranker *self) {
         self->views[IDRANK].shape[0] != self->n_docs || self->views[BLOCKLAST].shape[0] != self->n_blocks ||
         self->views[BLOCKBASE].shape[0] != self->n_blocks || self->views[BLOCKOFF].shape[0] != self->n_blocks + 1 ||
         self->views[INDPTR].shape[0] != self->n_terms + 1 || self->views[BLOCKPTR].shape[0] != self->n_terms + 1 ||
+        self->views[PRESPTR].shape[0] != self->n_terms + 1 || self->views[PRESSHIFT].shape[0] != self->n_terms ||
         self->n_docs >= (int64_t)END_DOC || self->views[NORMCACHE].shape[0] != (self->coded ? 256 : 0)) {
         PyErr_SetString(PyExc_ValueError, "inconsistent array sizes");
         return -1;
@@ -508,6 +605,30 @@ static int check_structure(Ranker *self) {
         blockptr[self->n_terms] != self->n_blocks || boff[0] != 0 || boff[self->n_blocks] != n_bytes) {
         PyErr_SetString(PyExc_ValueError, "term offsets do not span the postings");
         return -1;
+    }
+    const int64_t *presptr = BUF(self, PRESPTR), *topptr = BUF(self, TOPPTR);
+    const uint8_t *presshift = BUF(self, PRESSHIFT);
+    if (self->views[TOPPTR].shape[0] != self->n_terms + 1 || topptr[0] != 0 ||
+        topptr[self->n_terms] != self->views[TOPDOCS].shape[0]) {
+        PyErr_SetString(PyExc_ValueError, "best-document offsets do not span the best-document lists");
+        return -1;
+    }
+    for (int64_t t = 0; t < self->n_terms; t++)
+        if (topptr[t + 1] < topptr[t]) {
+            PyErr_Format(PyExc_ValueError, "term %lld: best-document offsets decrease", (long long)t);
+            return -1;
+        }
+    if (presptr[0] != 0 || presptr[self->n_terms] != self->views[PRESENCE].shape[0]) {
+        PyErr_SetString(PyExc_ValueError, "presence offsets do not span the presence maps");
+        return -1;
+    }
+    for (int64_t t = 0; t < self->n_terms; t++) {
+        int64_t words = presptr[t + 1] - presptr[t], shift = presshift[t];
+        if (words != 0 && (shift > 31 || self->n_docs == 0 || words != (((self->n_docs - 1) >> shift) >> 6) + 1)) {
+            PyErr_Format(PyExc_ValueError, "term %lld: a presence map of %lld words (shift %lld) for %lld documents",
+                         (long long)t, (long long)words, (long long)shift, (long long)self->n_docs);
+            return -1;
+        }
     }
     for (int64_t t = 0; t < self->n_terms; t++) {
         int64_t n = indptr[t + 1] - indptr[t], nb = blockptr[t + 1] - blockptr[t];
@@ -531,8 +652,10 @@ static int check_structure(Ranker *self) {
 }
 
 static int Ranker_init(Ranker *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"docbytes", "blockoff", "blockbase", "tfs",      "norms",     "normcache", "idrank",
-                             "indptr",   "blockptr", "blockmax",  "blocklast", "idf",      "block",     NULL};
+    static char *kwlist[] = {"docbytes", "blockoff",  "blockbase", "tfs",      "norms",    "normcache",
+                             "idrank",   "indptr",    "blockptr",  "blockmax", "blocklast", "idf",
+                             "presence", "presptr",   "presshift", "topdocs",  "topptr",    "block",
+                             NULL};
     PyObject *o[N_VIEWS];
     Py_ssize_t block;
     if (self->ready) {
@@ -540,8 +663,9 @@ static int Ranker_init(Ranker *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "a Ranker is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOOOOOn", kwlist, &o[0], &o[1], &o[2], &o[3], &o[4],
-                                     &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &block))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOOOOOOOOOOn", kwlist, &o[0], &o[1], &o[2], &o[3], &o[4],
+                                     &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14],
+                                     &o[15], &o[16], &block))
         return -1;
     for (int i = 0; i < N_VIEWS; i++) {
         Py_buffer *v = &self->views[i];
@@ -633,6 +757,12 @@ static PyObject *Ranker_search(Ranker *self, PyObject *args) {
                     table[(f - 1) * 256 + code] = c->weight - c->weight / (1.0f + (float)f * cache[code]);
             c->table = table;
         }
+        const int64_t *presptr = BUF(self, PRESPTR);
+        c->pres = presptr[t + 1] > presptr[t] ? (const uint64_t *)BUF(self, PRESENCE) + presptr[t] : NULL;
+        c->pshift = ((const uint8_t *)BUF(self, PRESSHIFT))[t];
+        const int64_t *topptr = BUF(self, TOPPTR);
+        c->ntop = topptr[t + 1] - topptr[t];
+        c->top = c->ntop ? (const uint32_t *)BUF(self, TOPDOCS) + topptr[t] : NULL;
         c->cur = doc_at(c, 0);
     }
     int64_t size;

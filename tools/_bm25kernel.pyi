@@ -21,6 +21,11 @@ class Ranker:
         blockmax: Buffer,
         blocklast: Buffer,
         idf: Buffer,
+        presence: Buffer,
+        presptr: Buffer,
+        presshift: Buffer,
+        topdocs: Buffer,
+        topptr: Buffer,
         block: int,
     ) -> None: ...
     def search(self, term_ids: Buffer, boosts: Buffer, k: int, /) -> list[tuple[int, float]]: ...

@@ -13,7 +13,8 @@ from a corpus held in memory, in three steps:
 3. **Merge** terms in ranges of about ``MERGE_POSTINGS`` postings: each run's slice for the range is
    read back and scattered to its place (runs are in document order, so a term's postings come out
    sorted), Lucene's float score of every posting gives the block maxima, and the arrays are appended
-   to their ``.npy`` files. Nothing is memory-mapped for writing, so the build's RSS is the working
+   to their ``.npy`` files, with each frequent term's presence map (:func:`presence_layout`). Nothing is
+   memory-mapped for writing, so the build's RSS is the working
    set, not the index size.
 
 Files written (all little-endian ``.npy`` arrays unless named otherwise)::
@@ -35,6 +36,13 @@ Files written (all little-endian ``.npy`` arrays unless named otherwise)::
     bm25_normcache.npy        float32 [256]: normInverse = 1 / (k1 * (1 - b + b * length / avgdl))
                               per norm code, as BM25Similarity caches it (empty without the norms)
     bm25_idrank.npy           uint32 [documents]: rank of the external id in sorted order (tie-break)
+    bm25_presptr.npy          int64 [terms + 1]: term t's presence map is words [presptr[t],
+                              presptr[t + 1]) of bm25_presence.npy (none when empty)
+    bm25_presshift.npy        uint8 [terms]: the map's bit g covers documents [g << shift, (g + 1) << shift)
+    bm25_presence.npy         uint64 [words]: the maps, bit g of a map set when the term occurs there
+    bm25_topptr.npy           int64 [terms + 1]: term t's best documents are [topptr[t], topptr[t + 1])
+                              of bm25_topdocs.npy (terms with more than TOP_DOCS postings)
+    bm25_topdocs.npy          uint32: each such term's TOP_DOCS best-scoring documents, ascending
     bm25_terms.bin, bm25_terms_offsets.npy, bm25_terms_slots.npy
                               the vocabulary, term id <-> term (:mod:`toolgym.tools.string_table`)
 
@@ -67,7 +75,7 @@ from toolgym.tools.bm25_workers import Workers, analyse_range, worker_count
 from toolgym.tools.doc_store import DocumentStore
 from toolgym.tools.string_table import string_table_files, write_string_table
 
-__all__ = ["BLOCK", "FILES", "build_bm25"]
+__all__ = ["BLOCK", "FILES", "PRESENCE_BITS", "TOP_DOCS", "build_bm25", "presence_layout"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +84,15 @@ BLOCK = 128
 TASK_DOCS = 2048
 RUN_TOKENS = 4_000_000
 MERGE_POSTINGS = 4_000_000
+#: A term gets a presence map when it has this many postings and at least one per 1,024 documents.
+PRESENCE_MIN_DF = 64
+#: Bits per posting a presence map spends (a power of two). A map bit covers 2**shift documents, the
+#: largest such group with at most one posting per PRESENCE_BITS groups on average, so about one
+#: document in PRESENCE_BITS that lacks the term still finds its bit set.
+PRESENCE_BITS = 8
+#: Best-scoring documents kept per term (for terms with more postings): the kernel scores the union of
+#: a query's terms' lists first, and the k-th best of those scores is a floor for the k-th score.
+TOP_DOCS = 16
 _ARRAYS = (
     "indptr",
     "tfs",
@@ -88,6 +105,11 @@ _ARRAYS = (
     "norms",
     "normcache",
     "idrank",
+    "presence",
+    "presptr",
+    "presshift",
+    "topptr",
+    "topdocs",
 )
 FILES = (
     "bm25.json",
@@ -301,7 +323,12 @@ def _merge(
     tf_dtype = np.uint8 if spiller.max_tf <= 0xFF else np.uint16 if spiller.max_tf <= 0xFFFF else np.uint32
 
     n_postings, total_blocks = int(indptr[-1]), int(blockptr[-1])
+    presshift, presptr = presence_layout(df, n_docs)
+    topptr = np.zeros(n_terms + 1, dtype=np.int64)
+    np.cumsum(np.where(df > TOP_DOCS, TOP_DOCS, 0), out=topptr[1:])
     writers = {
+        "topdocs": _NpyAppender(out / "bm25_topdocs.npy", np.uint32, int(topptr[-1])),
+        "presence": _NpyAppender(out / "bm25_presence.npy", np.uint64, int(presptr[-1])),
         "tfs": _NpyAppender(out / "bm25_tfs.npy", tf_dtype, n_postings),
         "blockmax": _NpyAppender(out / "bm25_blockmax.npy", np.float32, total_blocks),
         "blocklast": _NpyAppender(out / "bm25_blocklast.npy", np.uint32, total_blocks),
@@ -312,6 +339,10 @@ def _merge(
         with open(out / "bm25_docs.bin", "wb") as id_file:
             for a, b in _term_ranges(indptr):
                 merged = _merge_range(a, b, indptr, blockptr, df, n_blocks, idf, norms, spiller.runs, writers)
+                starts = indptr[a : b + 1] - indptr[a]
+                maps = _presence_maps(merged.docs, starts, presshift[a:b], np.diff(presptr[a : b + 1]))
+                writers["presence"].write(maps)
+                writers["topdocs"].write(merged.top)
                 first_block = int(blockptr[a])
                 blockoff[first_block + 1 : int(blockptr[b]) + 1] = id_file.tell() + merged.block_ends
                 id_file.write(merged.id_bytes)
@@ -320,12 +351,14 @@ def _merge(
             writer.close()
     np.save(out / "bm25_blockoff.npy", blockoff)
     saved = {"indptr": indptr, "blockptr": blockptr, "idf": idf, "norms": stored_norms, "normcache": cache}
+    saved |= {"presptr": presptr, "presshift": presshift, "topptr": topptr}
     for name, values in saved.items():
         np.save(out / f"bm25_{name}.npy", values)
     np.save(out / "bm25_idrank.npy", _id_ranks(ids))
     write_string_table(terms, out, "bm25_terms")
     meta = {
         "block": BLOCK,
+        "presence_bits": PRESENCE_BITS,
         "n_docs": n_docs,
         "n_terms": n_terms,
         "n_postings": n_postings,
@@ -334,6 +367,45 @@ def _merge(
         "tf_dtype": np.dtype(tf_dtype).name,
     }
     (out / "bm25.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+
+def presence_layout(df: np.ndarray, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each term's presence-map shift (uint8) and word offsets (int64 [terms + 1]; no map: none).
+
+    The kernel looks a candidate document up in the maps of the frequent terms it would otherwise
+    seek (and mostly miss) in their postings. ``shift`` is the largest with ``PRESENCE_BITS * df <<
+    shift <= n_docs`` (0 for terms denser than that: one bit per document, an exact map).
+    """
+    df = np.asarray(df, dtype=np.int64)
+    mapped = (df >= PRESENCE_MIN_DF) & (df * 1024 >= n_docs)
+    need = PRESENCE_BITS * np.maximum(df, 1)
+    shift = np.floor(np.log2(np.maximum(n_docs / need, 1.0))).astype(np.int64)
+    shift += (need << (shift + 1)) <= n_docs  # float log2 can be one off either way at powers of two
+    shift -= (shift > 0) & ((need << shift) > n_docs)
+    words = np.where(mapped, (((max(n_docs, 1) - 1) >> shift) >> 6) + 1, 0)
+    presptr = np.zeros(len(df) + 1, dtype=np.int64)
+    np.cumsum(words, out=presptr[1:])
+    return shift.astype(np.uint8), presptr
+
+
+def _presence_maps(docs: np.ndarray, starts: np.ndarray, shift: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """The presence maps of one merged range's terms (``starts``: their postings' offsets in ``docs``)."""
+    parts = []
+    for t in np.flatnonzero(words):
+        bits = np.zeros(int(words[t]) * 64, dtype=bool)
+        bits[docs[starts[t] : starts[t + 1]] >> shift[t]] = True
+        parts.append(np.packbits(bits, bitorder="little").view(np.uint64))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+
+def _top_docs(docs: np.ndarray, scores: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Each term's ``TOP_DOCS`` best-scoring documents (ascending), for the terms with more postings."""
+    parts = []
+    for t in np.flatnonzero(np.diff(starts) > TOP_DOCS):
+        first, last = int(starts[t]), int(starts[t + 1])
+        best = np.argpartition(scores[first:last], last - first - TOP_DOCS)[-TOP_DOCS:]
+        parts.append(np.sort(docs[first:last][best]))
+    return np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, dtype=np.uint32)
 
 
 def _term_ranges(indptr: np.ndarray) -> Iterator[tuple[int, int]]:
@@ -353,6 +425,8 @@ class _MergedIds:
 
     id_bytes: bytes
     block_ends: np.ndarray  # int64, each block's end offset within id_bytes
+    docs: np.ndarray  # uint32, the range's document positions (term by term, ascending)
+    top: np.ndarray  # uint32, the range's terms' best documents (see TOP_DOCS)
 
 
 def _encode_ids(docs: np.ndarray, blocks: np.ndarray, writers: dict[str, _NpyAppender]) -> _MergedIds:
@@ -371,7 +445,7 @@ def _encode_ids(docs: np.ndarray, blocks: np.ndarray, writers: dict[str, _NpyApp
     halves[(starts[block_of] // 2 + within)[is_narrow]] = (docs - first[block_of])[is_narrow]
     words[(starts[block_of] // 4 + within)[~is_narrow]] = docs[~is_narrow]
     writers["blockbase"].write(np.where(narrow, first, WIDE_BLOCK).astype(np.uint32))
-    return _MergedIds(buffer.tobytes(), ends.astype(np.int64))
+    return _MergedIds(buffer.tobytes(), ends.astype(np.int64), docs, np.zeros(0, dtype=np.uint32))
 
 
 def _merge_range(
@@ -412,7 +486,9 @@ def _merge_range(
     writers["tfs"].write(tfs)
     writers["blockmax"].write(np.maximum.reduceat(scores, blocks))
     writers["blocklast"].write(docs[np.append(blocks[1:], total) - 1])
-    return _encode_ids(docs, blocks, writers)
+    merged = _encode_ids(docs, blocks, writers)
+    merged.top = _top_docs(docs, scores, indptr[a : b + 1] - base)
+    return merged
 
 
 def _id_ranks(ids: Sequence[str]) -> np.ndarray:

@@ -6,6 +6,10 @@ and hands the rest to the C kernel (``tools/_bm25kernel.c``: block-max MaxScore,
 arithmetic, Anserini's order), which runs without the GIL: ``top_k_batch`` with ``threads > 1``
 searches on that many threads of this process, sharing one copy of the pages.
 
+The kernel's per-term data (postings' ids and frequencies, presence maps, best documents) is not
+memory-mapped but read on first use (:class:`_ReadOnUse`), so memory follows the terms searched,
+not the file sizes.
+
 :func:`exhaustive_top_k` scores every posting of the query's terms with numpy, no pruning (what the
 numpy backend before the kernel did): the reference the kernel is tested against.
 """
@@ -13,10 +17,12 @@ numpy backend before the kernel did): the reference the kernel is tested against
 from __future__ import annotations
 
 import json
+import mmap
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,11 +44,22 @@ class BM25Ranker:
         from toolgym.tools._bm25kernel import Ranker
 
         meta = json.loads((path / "bm25.json").read_text(encoding="utf-8"))
-        names = ("blockoff", "blockbase", "tfs", "norms", "normcache", "idrank", "indptr", "blockptr")
-        arrays = {
-            name: np.asarray(np.load(path / f"bm25_{name}.npy", mmap_mode="r"))
-            for name in (*names, "blockmax", "blocklast", "idf")
-        }
+        names = [
+            "blockoff",
+            "blockbase",
+            "tfs",
+            "norms",
+            "normcache",
+            "idrank",
+            "indptr",
+            "blockptr",
+            "blockmax",
+            "blocklast",
+            "idf",
+        ]
+        names += ["presence", "presptr", "presshift", "topdocs", "topptr"]
+        files = {name: np.load(path / f"bm25_{name}.npy", mmap_mode="r") for name in names}
+        arrays = {name: np.asarray(array) for name, array in files.items()}
         ids = path / "bm25_docs.bin"
         arrays["docbytes"] = (
             np.asarray(np.memmap(ids, dtype=np.uint8, mode="r"))
@@ -51,7 +68,20 @@ class BM25Ranker:
         )
         self.arrays = arrays
         self.block = int(meta["block"])
-        self._kernel = Ranker(**arrays, block=self.block)
+
+        def part(name: str, bounds: np.ndarray) -> tuple[Path, int, np.ndarray, Any]:
+            array = files[name]
+            return path / f"bm25_{name}.npy", int(array.offset), bounds * array.itemsize, array.dtype
+
+        self._parts = _ReadOnUse(
+            {
+                "docbytes": (ids, 0, arrays["blockoff"][arrays["blockptr"]], np.uint8),
+                "tfs": part("tfs", arrays["indptr"]),
+                "presence": part("presence", arrays["presptr"]),
+                "topdocs": part("topdocs", arrays["topptr"]),
+            }
+        )
+        self._kernel = Ranker(**(arrays | self._parts.arrays), block=self.block)
         self._terms = StringTable(path, "bm25_terms")
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
@@ -90,6 +120,7 @@ class BM25Ranker:
         tids, boosts = self.query_terms(query)
         if not len(tids):
             return []
+        self._parts.read(tids.tolist())
         return self._kernel.search(tids.tobytes(), boosts.tobytes(), k)
 
     def top_k_batch(self, queries: Sequence[str], k: int, threads: int = 1) -> list[list[tuple[int, float]]]:
@@ -116,6 +147,47 @@ class BM25Ranker:
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
+
+
+class _ReadOnUse:
+    """Arrays the kernel reads, each term's part read from its file the first time a query uses the
+    term (into zeroed memory whose pages become resident only when written, 4 KiB at a time).
+
+    ``parts`` maps an array name to (file, where its data starts, the byte offset of each term's part
+    in it [terms + 1], dtype). Memory-mapping the files would be less code, but a page fault on a
+    mapped file may map a whole cached folio of neighbouring terms' data (up to 2 MiB; numpy's large
+    allocations ask for 2 MiB pages the same way), so a process's memory would follow the file sizes,
+    not the terms it searches. The kernel must only see terms whose parts were read (:meth:`read`).
+    """
+
+    def __init__(self, parts: dict[str, tuple[Path, int, np.ndarray, Any]]) -> None:
+        self._parts = parts
+        self.arrays: dict[str, np.ndarray] = {}
+        self._regions: dict[str, memoryview] = {}
+        for name, (_, _, bounds, dtype) in parts.items():
+            size = int(bounds[-1]) if len(bounds) else 0
+            region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if size else bytearray()
+            self._regions[name] = memoryview(region)
+            self.arrays[name] = np.frombuffer(region, dtype=dtype)
+        self._done = bytearray(len(next(iter(parts.values()))[2]))
+        self._lock = threading.Lock()
+
+    def read(self, terms: list[int]) -> None:
+        """Read the parts of ``terms`` not read yet (thread-safe; a no-op once all are)."""
+        todo = [t for t in terms if not self._done[t]]
+        if not todo:
+            return
+        with self._lock:
+            for name, (file, start, bounds, _) in self._parts.items():
+                with open(file, "rb") as fh:
+                    for t in todo:
+                        first, last = int(bounds[t]), int(bounds[t + 1])
+                        if last > first and not self._done[t]:
+                            fh.seek(start + first)
+                            if fh.readinto(self._regions[name][first:last]) != last - first:
+                                raise ValueError(f"{file} is shorter than its index says")
+            for t in todo:
+                self._done[t] = 1
 
 
 def exhaustive_top_k(ranker: BM25Ranker, query: str, k: int) -> list[tuple[int, float]]:

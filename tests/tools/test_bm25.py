@@ -14,7 +14,7 @@ import pytest
 
 from toolgym.errors import BackendError
 from toolgym.tools import bm25_build, bm25_workers, index_manifest
-from toolgym.tools.bm25 import anserini_display, lucene_norm_cache
+from toolgym.tools.bm25 import anserini_display, lucene_norm_cache, lucene_term_scores
 from toolgym.tools.bm25_search import BM25Ranker, exhaustive_top_k
 from toolgym.tools.index import Index, build_index, load_index
 from toolgym.tools.porter import porter_stem
@@ -31,6 +31,22 @@ def docs() -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def index(docs, tmp_path_factory) -> Index:
     return build_index(docs, path=tmp_path_factory.mktemp("bm25") / "ix")
+
+
+@pytest.fixture(scope="module")
+def big_index(docs, tmp_path_factory) -> Index:
+    """41,092 documents (the corpus, then three shuffled, trimmed copies): more than one of the
+    kernel's 16,384-document windows, so terms become non-essential and presence maps are read."""
+    corpus = []
+    for copy in range(4):
+        rng = random.Random(copy)
+        for doc in docs:
+            words = doc["text"].split()
+            if copy:
+                rng.shuffle(words)
+                words = words[: max(1, len(words) * 2 // 3)]
+            corpus.append({"id": f"{doc['id']}~{copy}", "title": doc["title"], "text": " ".join(words)})
+    return build_index(corpus, path=tmp_path_factory.mktemp("bm25big") / "ix")
 
 
 def _ranker(index: Index) -> BM25Ranker:
@@ -60,8 +76,9 @@ def _random_queries(ranker: BM25Ranker, n: int, seed: int) -> list[str]:
 
 
 @pytest.mark.parametrize("k", [1, 3, 10, 57, 1000])
-def test_pruned_search_equals_exhaustive_scoring(index: Index, k: int) -> None:
-    ranker = _ranker(index)
+@pytest.mark.parametrize("which", ["index", "big_index"])
+def test_pruned_search_equals_exhaustive_scoring(which: str, k: int, request: pytest.FixtureRequest) -> None:
+    ranker = _ranker(request.getfixturevalue(which))
     queries = _random_queries(ranker, 150, seed=k)
     differ = [q for q in queries if ranker.top_k(q, k) != exhaustive_top_k(ranker, q, k)]
     assert differ == []
@@ -137,6 +154,121 @@ def test_corrupt_postings_are_an_error_not_a_crash(docs, tmp_path) -> None:
         except ValueError:
             outcomes.add("refused")
     assert outcomes <= {"answered", "refused"} and "refused" in outcomes
+
+
+def test_presence_maps_cover_every_posting_at_the_documented_resolution(index: Index) -> None:
+    ranker = _ranker(index)
+    a = ranker.arrays
+    df = np.diff(a["indptr"])
+    n_docs = len(a["norms"])
+    words = np.diff(a["presptr"])
+    mapped = np.flatnonzero(words)
+    want = (df >= bm25_build.PRESENCE_MIN_DF) & (df * 1024 >= n_docs)
+    assert np.array_equal(words > 0, want) and len(mapped) > 100
+    shifts = a["presshift"][mapped].astype(np.int64)
+    need = bm25_build.PRESENCE_BITS * df[mapped]
+    assert set(shifts.tolist()) >= {0, 1, 2}  # exact maps and coarse ones
+    assert np.all((shifts == 0) | ((need << shifts) <= n_docs)) and np.all((need << (shifts + 1)) > n_docs)
+    assert np.array_equal(words[mapped], (((n_docs - 1) >> shifts) >> 6) + 1)
+    for t in mapped[:: max(1, len(mapped) // 200)]:
+        groups = ranker.term_docs(int(t)) >> int(a["presshift"][t])
+        bits = np.unpackbits(
+            a["presence"][a["presptr"][t] : a["presptr"][t + 1]].view(np.uint8), bitorder="little"
+        )
+        assert np.array_equal(np.flatnonzero(bits), np.unique(groups))  # set exactly where the term occurs
+
+
+def test_term_data_is_read_only_for_the_terms_searched(index: Index) -> None:
+    ranker = BM25Ranker(index.path)  # a fresh one: nothing read yet
+    lazy, a = ranker._parts.arrays, ranker.arrays  # noqa: SLF001
+    assert not any(part.any() for part in lazy.values())
+    query = "the history of the city and its people in the world"
+    tids, _ = ranker.query_terms(query)
+    assert ranker.top_k(query, 10) == exhaustive_top_k(ranker, query, 10)
+    bounds = {
+        "docbytes": a["blockoff"][a["blockptr"]],
+        "tfs": a["indptr"],
+        "presence": a["presptr"],
+    }
+    searched = set(tids.tolist())
+    assert any(a["presptr"][t + 1] > a["presptr"][t] for t in searched)  # some maps are involved
+    for name, bound in bounds.items():
+        for t in range(0, len(a["idf"]), 97):
+            part = slice(int(bound[t]), int(bound[t + 1]))
+            expected = a[name][part] if t in searched else np.zeros_like(a[name][part])
+            assert np.array_equal(lazy[name][part], expected), (name, t)
+        for t in searched:
+            part = slice(int(bound[t]), int(bound[t + 1]))
+            assert np.array_equal(lazy[name][part], a[name][part]), (name, t)
+
+
+def test_the_kernel_consults_the_presence_maps(big_index: Index) -> None:
+    from toolgym.tools._bm25kernel import Ranker
+
+    # Cleared maps say "absent" everywhere: the frequent terms' scores go missing, so the kernel does
+    # consult them (and wrong maps would be caught by the comparisons with exhaustive scoring).
+    ranker = _ranker(big_index)
+    blank = dict(ranker.arrays, presence=np.zeros_like(ranker.arrays["presence"]))
+    kernel = Ranker(**blank, block=bm25_build.BLOCK)
+    wrong = 0
+    for q in _random_queries(ranker, 100, seed=5):
+        t, b = ranker.query_terms(q)
+        if len(t):
+            wrong += kernel.search(t.tobytes(), b.tobytes(), 10) != exhaustive_top_k(ranker, q, 10)
+    assert wrong > 10
+
+
+def test_best_document_lists_hold_each_terms_best_scores(big_index: Index) -> None:
+    ranker = _ranker(big_index)
+    a = ranker.arrays
+    df = np.diff(a["indptr"])
+    sizes = np.diff(a["topptr"])
+    assert np.array_equal(sizes, np.where(df > bm25_build.TOP_DOCS, bm25_build.TOP_DOCS, 0))
+    norm_inverse = a["normcache"][a["norms"]]
+    listed = np.flatnonzero(sizes)
+    for t in listed[:: max(1, len(listed) // 100)]:
+        docs = ranker.term_docs(int(t))
+        tfs = np.asarray(a["tfs"][a["indptr"][t] : a["indptr"][t + 1]])
+        scores = lucene_term_scores(np.full(len(docs), a["idf"][t], np.float32), tfs, norm_inverse[docs])
+        best = a["topdocs"][a["topptr"][t] : a["topptr"][t + 1]].astype(np.int64)
+        assert np.all(np.diff(best) > 0)  # ascending, distinct
+        chosen = np.isin(docs, best)
+        assert chosen.sum() == bm25_build.TOP_DOCS and scores[chosen].min() >= scores[~chosen].max()
+
+
+def test_any_best_document_lists_give_the_same_answer(big_index: Index) -> None:
+    from toolgym.tools._bm25kernel import Ranker
+
+    # The seeded floor is the k-th score of real documents, so whatever the lists hold (here: random
+    # documents) the answer stays exact; documents beyond the collection are refused.
+    ranker = _ranker(big_index)
+    arrays = dict(ranker.arrays)
+    n_docs = len(arrays["norms"])
+    rng = np.random.default_rng(3)
+    shuffled = rng.integers(0, n_docs, len(arrays["topdocs"]), dtype=np.uint32)
+    kernel = Ranker(**(arrays | {"topdocs": shuffled}), block=bm25_build.BLOCK)
+    for q in _random_queries(ranker, 60, seed=9):
+        t, b = ranker.query_terms(q)
+        if len(t):
+            assert kernel.search(t.tobytes(), b.tobytes(), 10) == exhaustive_top_k(ranker, q, 10), q
+    past = np.arange(n_docs, n_docs + len(shuffled), dtype=np.uint32)
+    beyond = Ranker(**(arrays | {"topdocs": past}), block=bm25_build.BLOCK)
+    common = np.argsort(np.diff(arrays["indptr"]))[-3:].astype(np.int64)
+    with pytest.raises(ValueError, match="beyond the collection"):
+        beyond.search(common.tobytes(), np.ones(3, np.float32).tobytes(), 10)
+
+
+def test_kernel_refuses_inconsistent_presence_maps(index: Index) -> None:
+    from toolgym.tools._bm25kernel import Ranker
+
+    arrays = dict(_ranker(index).arrays)
+    with pytest.raises(ValueError, match="presence offsets do not span"):
+        Ranker(**(arrays | {"presence": arrays["presence"][:-1]}), block=bm25_build.BLOCK)
+    shift = np.array(arrays["presshift"])
+    t = int(np.flatnonzero(np.diff(arrays["presptr"]))[0])
+    shift[t] += 1
+    with pytest.raises(ValueError, match=f"term {t}: a presence map of"):
+        Ranker(**(arrays | {"presshift": shift}), block=bm25_build.BLOCK)
 
 
 # ------------------------------------------------------------------------------------------------ build
