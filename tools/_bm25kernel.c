@@ -217,6 +217,13 @@ static inline float term_score(const Cursor *c, uint32_t freq, uint32_t doc, con
 
 static inline float score_here(Cursor *c, const Norms *nv) { return term_score(c, tf_at(c, c->pos), c->cur, nv); }
 
+/* False when the term's presence map says no document of d's group holds it (then d lacks it). */
+static inline int may_hold(const Cursor *c, uint32_t d) {
+    if (!c->pres) return 1;
+    uint32_t g = d >> c->pshift;
+    return (c->pres[g >> 6] >> (g & 63)) & 1;
+}
+
 static inline void exhaust(Cursor *c) {
     c->pos = c->n;
     c->cur = END_DOC;
@@ -421,10 +428,7 @@ static double seed_floor(const Ranker *self, const Cursor *cur, int m, int64_t k
         for (int i = 0; i < m; i++) {
             Cursor *ci = &c[i];
             if (ci->cur < d) {
-                if (ci->pres) {
-                    uint32_t g = d >> ci->pshift;
-                    if (!((ci->pres[g >> 6] >> (g & 63)) & 1)) continue;
-                }
+                if (!may_hold(ci, d)) continue;
                 seek(ci, d);
             }
             if (ci->cur == d) s += score_here(ci, nv);
@@ -541,10 +545,7 @@ static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit
                     }
                     Cursor *c = &cur[order[j]];
                     if (c->cur < d) {
-                        if (c->pres) { /* a clear bit: the term is not in d (a set one may be a false alarm) */
-                            uint32_t g = d >> c->pshift;
-                            if (!((c->pres[g >> 6] >> (g & 63)) & 1)) continue;
-                        }
+                        if (!may_hold(c, d)) continue; /* a set bit may be a false alarm: seek then */
                         if (!shallow_seek(c, d)) {
                             exhaust(c);
                             continue;

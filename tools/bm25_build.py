@@ -324,6 +324,7 @@ def _merge(
 
     n_postings, total_blocks = int(indptr[-1]), int(blockptr[-1])
     presshift, presptr = presence_layout(df, n_docs)
+    presence = (presshift, presptr)
     topptr = np.zeros(n_terms + 1, dtype=np.int64)
     np.cumsum(np.where(df > TOP_DOCS, TOP_DOCS, 0), out=topptr[1:])
     writers = {
@@ -338,11 +339,9 @@ def _merge(
     try:
         with open(out / "bm25_docs.bin", "wb") as id_file:
             for a, b in _term_ranges(indptr):
-                merged = _merge_range(a, b, indptr, blockptr, df, n_blocks, idf, norms, spiller.runs, writers)
-                starts = indptr[a : b + 1] - indptr[a]
-                maps = _presence_maps(merged.docs, starts, presshift[a:b], np.diff(presptr[a : b + 1]))
-                writers["presence"].write(maps)
-                writers["topdocs"].write(merged.top)
+                merged = _merge_range(
+                    a, b, indptr, blockptr, df, n_blocks, idf, norms, presence, spiller.runs, writers
+                )
                 first_block = int(blockptr[a])
                 blockoff[first_block + 1 : int(blockptr[b]) + 1] = id_file.tell() + merged.block_ends
                 id_file.write(merged.id_bytes)
@@ -425,8 +424,6 @@ class _MergedIds:
 
     id_bytes: bytes
     block_ends: np.ndarray  # int64, each block's end offset within id_bytes
-    docs: np.ndarray  # uint32, the range's document positions (term by term, ascending)
-    top: np.ndarray  # uint32, the range's terms' best documents (see TOP_DOCS)
 
 
 def _encode_ids(docs: np.ndarray, blocks: np.ndarray, writers: dict[str, _NpyAppender]) -> _MergedIds:
@@ -445,7 +442,7 @@ def _encode_ids(docs: np.ndarray, blocks: np.ndarray, writers: dict[str, _NpyApp
     halves[(starts[block_of] // 2 + within)[is_narrow]] = (docs - first[block_of])[is_narrow]
     words[(starts[block_of] // 4 + within)[~is_narrow]] = docs[~is_narrow]
     writers["blockbase"].write(np.where(narrow, first, WIDE_BLOCK).astype(np.uint32))
-    return _MergedIds(buffer.tobytes(), ends.astype(np.int64), docs, np.zeros(0, dtype=np.uint32))
+    return _MergedIds(buffer.tobytes(), ends.astype(np.int64))
 
 
 def _merge_range(
@@ -457,6 +454,7 @@ def _merge_range(
     n_blocks: np.ndarray,
     idf: np.ndarray,
     norms: np.ndarray,
+    presence: tuple[np.ndarray, np.ndarray],
     runs: list[_Run],
     writers: dict[str, _NpyAppender],
 ) -> _MergedIds:
@@ -486,9 +484,11 @@ def _merge_range(
     writers["tfs"].write(tfs)
     writers["blockmax"].write(np.maximum.reduceat(scores, blocks))
     writers["blocklast"].write(docs[np.append(blocks[1:], total) - 1])
-    merged = _encode_ids(docs, blocks, writers)
-    merged.top = _top_docs(docs, scores, indptr[a : b + 1] - base)
-    return merged
+    starts = indptr[a : b + 1] - base
+    presshift, presptr = presence
+    writers["presence"].write(_presence_maps(docs, starts, presshift[a:b], np.diff(presptr[a : b + 1])))
+    writers["topdocs"].write(_top_docs(docs, scores, starts))
+    return _encode_ids(docs, blocks, writers)
 
 
 def _id_ranks(ids: Sequence[str]) -> np.ndarray:
