@@ -97,7 +97,11 @@ def worker_query(args: argparse.Namespace) -> dict[str, object]:
         start = time.perf_counter()
         index.search_batch(qs, k=10, threads=args.threads)
         best = max(best, len(qs) / (time.perf_counter() - start))
-    hits = [[[h.doc_id, h.score] for h in found] for found in index.search_batch(qs, k=10, threads=1)]
+    hits = (
+        [[[h.doc_id, h.score] for h in found] for found in index.search_batch(qs, k=10, threads=1)]
+        if args.hits
+        else []
+    )
     index.close()
     return {"qps": best, "query_rss_mb": self_peak_mb(), "hits": hits}
 
@@ -121,7 +125,9 @@ def cold_start(path: Path, query: str, verify: str = "stamped", repeats: int = 3
     return best
 
 
-def run_worker(kind: str, args: argparse.Namespace, backend: str, size: int, path: Path) -> dict[str, object]:
+def run_worker(
+    kind: str, args: argparse.Namespace, backend: str, size: int, path: Path, hits: bool = False
+) -> dict[str, object]:
     cmd = [
         sys.executable,
         __file__,
@@ -135,7 +141,7 @@ def run_worker(kind: str, args: argparse.Namespace, backend: str, size: int, pat
         str(path),
     ]
     cmd += ["--words", str(args.words), "--queries", str(args.queries), "--threads", str(args.threads)]
-    cmd += ["--rounds", str(args.rounds)]
+    cmd += ["--rounds", str(args.rounds)] + (["--hits"] if hits else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -161,11 +167,14 @@ def main() -> None:
     parser.add_argument("--worker", choices=("build", "query"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="default", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--hits", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         result = worker_build(args) if args.worker == "build" else worker_query(args)
         print(json.dumps(result))
         return
+    if args.turns < 1 or args.rounds < 1:
+        parser.error("--turns and --rounds must be at least 1")
 
     sizes = [int(s) for s in args.sizes.split(",")]
     backends = args.backends.split(",")
@@ -184,13 +193,16 @@ def main() -> None:
             rows[backend][size] = run_worker("build", args, backend, size, root / f"{backend}-{size}")
         # Query processes of the backends take turns, so a machine whose speed drifts (a shared one)
         # drifts for both: each backend's best q/s and highest RSS over its turns are reported.
-        for _ in range(args.turns):
+        # The hit lists are collected (one more pass) in the last turn only.
+        for turn in range(args.turns):
             for backend in backends:
                 row = rows[backend][size]
-                found = run_worker("query", args, backend, size, root / f"{backend}-{size}")
+                last = turn == args.turns - 1
+                found = run_worker("query", args, backend, size, root / f"{backend}-{size}", hits=last)
                 row["qps"] = max(float(row.get("qps", 0.0)), float(found["qps"]))  # type: ignore[arg-type]
                 row["query_rss_mb"] = max(float(row.get("query_rss_mb", 0.0)), float(found["query_rss_mb"]))  # type: ignore[arg-type]
-                row["hits"] = found["hits"]
+                if last:
+                    row["hits"] = found["hits"]
         for backend in backends:
             path = root / f"{backend}-{size}"
             row = rows[backend][size]
