@@ -27,19 +27,23 @@
  * the highest maximum of its blocks there; terms are ordered by it, and the lowest ones whose bounds
  * sum below the current k-th score are "non-essential": no document that only they match can enter
  * the top k. So only the essential terms' documents are candidates (their postings summed
- * term-at-a-time into an accumulator), and a candidate is dropped as soon as its partial score plus
- * the bounds still to add (its block's own bound where known) cannot reach the k-th score; a window
- * with no essential term is skipped whole. Non-essential terms are frequent ones, yet a candidate
- * usually lacks them, and seeking into postings that turn out not to hold it was most of the work:
- * a frequent term has a presence map (bit g set when any document in [g << shift, (g + 1) << shift)
- * holds the term, about 8 bits per posting), and a clear bit skips the seek. Every comparison keeps
- * a relative margin so rounding can never drop a document that belongs in the result: pruning only
- * skips work, it never changes the answer (tests compare it with an exhaustive scorer).
- *
- * Seeding. With nothing in the top k yet, the first windows would prune nothing. So the search first
- * scores, exactly, the union of the query's terms' best documents (the build keeps each term's 16
- * best by its own score): the k-th best of those real scores is a floor for the final k-th score,
- * and pruning starts from it.
+ * term-at-a-time into an accumulator); a window with no essential term is skipped whole. The
+ * non-essential terms are frequent ones, yet a candidate usually lacks them: a frequent term has a
+ * presence map (bit g set when any document in [g << shift, (g + 1) << shift) holds the term, about
+ * 8 bits per posting). The candidates are then filtered in three steps:
+ *   A. collected in document order, keeping those whose partial score plus every non-essential
+ *      bound reaches the k-th score;
+ *   B. one non-essential term at a time, highest bound first, over all the kept candidates: the
+ *      term's presence bit adds its bound to the candidate's upper bound (a clear bit adds nothing:
+ *      the document lacks the term), and a candidate whose upper bound plus the bounds of the terms
+ *      still to test falls below the k-th score is dropped. Each step is a loop without a branch
+ *      per candidate; at a million documents it leaves ~1% of the candidates;
+ *   C. the survivors get their exact scores, seeking only into terms whose bits were set, and are
+ *      dropped as soon as their partial score plus the bounds still to add (a block's own bound
+ *      where known) cannot reach the k-th score.
+ * Every comparison keeps a relative margin so rounding can never drop a document that belongs in
+ * the result: pruning only skips work, it never changes the answer (tests compare it with an
+ * exhaustive scorer).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -68,14 +72,13 @@
 #define WINDOW 16384
 
 enum { DOCBYTES, BLOCKOFF, BLOCKBASE, TFS, NORMS, NORMCACHE, IDRANK, INDPTR, BLOCKPTR, BLOCKMAX, BLOCKLAST, IDF,
-       PRESENCE, PRESPTR, PRESSHIFT, TOPDOCS, TOPPTR, N_VIEWS };
+       PRESENCE, PRESPTR, PRESSHIFT, N_VIEWS };
 static const char *VIEW_NAMES[N_VIEWS] = {"docbytes", "blockoff",  "blockbase", "tfs",      "norms",
                                           "normcache", "idrank",   "indptr",    "blockptr", "blockmax",
-                                          "blocklast", "idf",      "presence",  "presptr",  "presshift",
-                                          "topdocs",   "topptr"};
+                                          "blocklast", "idf",      "presence",  "presptr",  "presshift"};
 /* Item size of each array; 0: 1, 2 or 4 bytes (term frequencies), -1: 1 or 4 bytes (norms: Lucene's
  * one-byte norm codes, decoded by the 256-entry normcache, or one float per document). */
-static const Py_ssize_t VIEW_ITEMSIZE[N_VIEWS] = {1, 8, 4, 0, -1, 4, 4, 8, 8, 4, 4, 4, 8, 8, 1, 4, 8};
+static const Py_ssize_t VIEW_ITEMSIZE[N_VIEWS] = {1, 8, 4, 0, -1, 4, 4, 8, 8, 4, 4, 4, 8, 8, 1};
 
 typedef struct {
     PyObject_HEAD
@@ -110,8 +113,6 @@ typedef struct {
     uint32_t cur;          /* the document at pos, or END_DOC */
     const uint64_t *pres;  /* the term's presence map (bit g: a posting in [g << pshift, (g + 1) << pshift)), or NULL */
     int pshift;
-    const uint32_t *top; /* the term's best documents (or NULL: it has few enough to take them all) */
-    int64_t ntop;
 } Cursor;
 
 typedef struct {
@@ -367,90 +368,72 @@ static int accumulate(Cursor *c, uint32_t lo, uint32_t hi, const Norms *nv, doub
 
 /* --------------------------------------------------------------------------------------- search */
 
-static int cmp_u32(const void *a, const void *b) {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
+/* A window's candidates (struct of arrays, in document order): the document, its exact partial
+ * score, an upper bound on its final score, and bit i set when the presence map of the i-th
+ * non-essential term tested (highest bound first) may hold it. */
+typedef struct {
+    uint32_t *doc;
+    double *partial, *upper;
+    uint64_t *maybe;
+} Candidates;
 
-static int cmp_float_desc(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
-}
-
-/* Seeding costs at most this many (document, term) look-ups; longer queries start from nothing. */
-#define SEED_WORK 65536
-/* ... and only when the query's postings outnumber them this many times: on short lists pruning from
- * nothing costs less than the look-ups (measured: a loss at 5 to 1, a small gain at 30 to 1). */
-#define SEED_GAIN 16
-
-/* A floor for the k-th best score, to prune with from the first window on: the k-th best exact
- * score among the query's terms' best documents (each term's best by its own score, kept by the
- * build, or all its postings when it has no more than that). Those are real documents, so the
- * final k-th score is at least this. Scored on copies of the cursors; -INFINITY when there are
- * fewer than k such documents or when seeding would not pay; -2 in *status: corrupt. */
-static double seed_floor(const Ranker *self, const Cursor *cur, int m, int64_t k, const Norms *nv, int64_t *status) {
-    int64_t total = 0, postings = 0;
-    for (int i = 0; i < m; i++) {
-        total += cur[i].top ? cur[i].ntop : cur[i].n;
-        postings += cur[i].n;
-    }
-    if (total < k || total * m > SEED_WORK || postings < SEED_GAIN * total * m) return -INFINITY;
-    uint32_t *docs = malloc(sizeof(uint32_t) * (size_t)total);
-    float *scores = malloc(sizeof(float) * (size_t)total);
-    Cursor *c = malloc(sizeof(Cursor) * (size_t)m);
-    double floor_ = -INFINITY;
-    if (!docs || !scores || !c) {
-        *status = -1;
-        goto out;
-    }
-    memcpy(c, cur, sizeof(Cursor) * (size_t)m);
+/* Step A: the documents seen in the window, in order, with their accumulated scores (the
+ * accumulator and the bitmap are left zeroed); those below keep are dropped. Returns their number. */
+static int64_t collect(uint64_t *seen, double *acc, uint32_t lo, double keep, Candidates *cs) {
+    uint32_t *restrict doc = cs->doc;
+    double *restrict partial = cs->partial, *restrict upper = cs->upper;
+    uint64_t *restrict maybe = cs->maybe;
     int64_t n = 0;
-    for (int i = 0; i < m; i++) {
-        if (c[i].top) {
-            memcpy(docs + n, c[i].top, sizeof(uint32_t) * (size_t)c[i].ntop);
-            n += c[i].ntop;
-        } else {
-            for (int64_t p = 0; p < c[i].n; p++) docs[n++] = doc_at(&c[i], p);
-        }
+    for (int w = 0; w < WINDOW / 64; w++) {
+        uint64_t bits = seen[w];
+        if (!bits) continue;
+        seen[w] = 0;
+        do {
+            uint32_t off = (uint32_t)(w * 64 + __builtin_ctzll(bits));
+            bits &= bits - 1;
+            double s = acc[off];
+            acc[off] = 0.0;
+            doc[n] = lo + off;
+            partial[n] = s;
+            upper[n] = s;
+            maybe[n] = 0;
+            n += s >= keep; /* written either way, kept only if it passes: no branch */
+        } while (bits);
     }
-    qsort(docs, (size_t)n, sizeof(uint32_t), cmp_u32);
-    int64_t u = 0;
-    for (int64_t j = 0; j < n; j++)
-        if (u == 0 || docs[j] != docs[u - 1]) docs[u++] = docs[j];
-    if (u < k) goto out;
-    if (docs[u - 1] >= (uint32_t)self->n_docs) {
-        *status = -2;
-        goto out;
+    return n;
+}
+
+/* Step B for one term with a presence map and window bound b: each candidate's upper bound gains b
+ * where the map's bit is set (bit `bit` of maybe records it); those whose bound falls below keep are
+ * dropped. Returns how many are left. */
+static int64_t filter_by_map(const Cursor *c, double b, int bit, double keep, Candidates *cs, int64_t n) {
+    const uint64_t *restrict pres = c->pres;
+    const int shift = c->pshift;
+    uint32_t *restrict doc = cs->doc;
+    double *restrict partial = cs->partial, *restrict upper = cs->upper;
+    uint64_t *restrict maybe = cs->maybe;
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t d = doc[i], g = d >> shift;
+        uint64_t h = (pres[g >> 6] >> (g & 63)) & 1;
+        double u = upper[i] + (double)h * b;
+        doc[kept] = d;
+        partial[kept] = partial[i];
+        upper[kept] = u;
+        maybe[kept] = maybe[i] | (h << bit);
+        kept += u >= keep;
     }
-    for (int64_t j = 0; j < u; j++) {
-        uint32_t d = docs[j];
-        double s = 0.0;
-        for (int i = 0; i < m; i++) {
-            Cursor *ci = &c[i];
-            if (ci->cur < d) {
-                if (!may_hold(ci, d)) continue;
-                seek(ci, d);
-            }
-            if (ci->cur == d) s += score_here(ci, nv);
-        }
-        scores[j] = (float)s;
-    }
-    qsort(scores, (size_t)u, sizeof(float), cmp_float_desc);
-    floor_ = scores[k - 1];
-out:
-    free(docs);
-    free(scores);
-    free(c);
-    return floor_;
+    return kept;
 }
 
 /* The search proper; no Python calls. Documents are taken in windows of WINDOW ids. Per window,
  * each term's bound is the highest block maximum it has there; terms are ordered by that bound and
  * the lowest ones whose bounds sum below the k-th score are non-essential. The essential terms'
- * postings in the window are summed term-at-a-time into an accumulator; then each document they
- * reached, in order, gets the non-essential terms' scores added (seeking their postings) until its
- * bound falls below the k-th score. Returns the number of hits written (sorted), -1 when out of
- * memory, -2 when the postings are inconsistent (a corrupt index). */
+ * postings in the window are summed term-at-a-time into an accumulator; the documents they reached
+ * are filtered by the non-essential terms' bounds and presence maps (steps A and B, see the top of
+ * this file), and what is left gets the non-essential terms' exact scores (step C). Returns the
+ * number of hits written (sorted), -1 when out of memory, -2 when the postings are inconsistent (a
+ * corrupt index). */
 static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit *heap) {
     Norms nv = {NULL, NULL, NULL};
     if (self->coded) {
@@ -466,16 +449,15 @@ static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit
     int *order = malloc(sizeof(int) * (size_t)(m + 1));
     double *acc = calloc(WINDOW, sizeof(double));
     uint64_t *seen = calloc(WINDOW / 64, sizeof(uint64_t));
-    if (!bound || !order || !acc || !seen) {
+    Candidates cs = {malloc(sizeof(uint32_t) * WINDOW), malloc(sizeof(double) * WINDOW),
+                     malloc(sizeof(double) * WINDOW), malloc(sizeof(uint64_t) * WINDOW)};
+    if (!bound || !order || !acc || !seen || !cs.doc || !cs.partial || !cs.upper || !cs.maybe) {
         status = -1;
         goto out;
     }
     double *prefix = bound + m, *need = bound + 2 * m;
     float thr = -INFINITY; /* the k-th best score once the heap is full */
-    /* A bound below cut cannot reach the final k-th score, whatever the rounding. */
-    const double floor_ = seed_floor(self, cur, m, k, &nv, &status) / (1.0 + MARGIN);
-    if (status < 0) goto out;
-    double cut = floor_;
+    double cut = -INFINITY; /* a bound below cut cannot reach the final k-th score, whatever the rounding */
     uint32_t from = 0;
 
     for (;;) {
@@ -522,52 +504,66 @@ static int64_t run_search(const Ranker *self, Cursor *cur, int m, int64_t k, Hit
             }
         }
 
-        /* Candidates in document order: add the non-essential terms while they can matter.
-         * need[j + 1]: what a document must already score for terms 0..j still to reach the cut. */
+        /* need[j + 1]: what a document must already score for terms 0..j still to reach the cut. */
         need[0] = cut;
         for (int j = 0; j < ne; j++) need[j + 1] = cut - prefix[j];
-        for (int w = 0; w < WINDOW / 64; w++) {
-            uint64_t bits = seen[w];
-            if (!bits) continue;
-            seen[w] = 0;
-            while (bits) {
-                uint32_t off = (uint32_t)(w * 64 + __builtin_ctzll(bits));
-                bits &= bits - 1;
-                double s = acc[off];
-                acc[off] = 0.0;
-                if (s < need[ne]) continue;
-                uint32_t d = lo + off;
-                int pruned = 0;
-                for (int j = ne - 1; j >= 0; j--) {
-                    if (s < need[j + 1]) {
+        int64_t n = collect(seen, acc, lo, need[ne], &cs);
+        /* Step B, non-essential term j tested as bit ne - 1 - j (the first 64 of them). A term with
+         * no posting in the window is known absent; one without a map cannot be tested, and its
+         * bound is added to every candidate's (extra). */
+        uint64_t tested = 0;
+        double extra = 0.0;
+        for (int j = ne - 1; j >= 0 && j >= ne - 64 && n > 0; j--) {
+            const Cursor *c = &cur[order[j]];
+            const int bit = ne - 1 - j;
+            const double b = bound[order[j]];
+            if (b == 0.0) {
+                tested |= (uint64_t)1 << bit;
+            } else if (!c->pres) {
+                extra += b;
+            } else {
+                tested |= (uint64_t)1 << bit;
+                n = filter_by_map(c, b, bit, need[j] - extra, &cs, n);
+            }
+        }
+
+        /* Step C: exact scores, in document order. */
+        for (int64_t i = 0; i < n; i++) {
+            const uint32_t d = cs.doc[i];
+            const uint64_t maybe = cs.maybe[i];
+            double s = cs.partial[i];
+            int pruned = 0;
+            for (int j = ne - 1; j >= 0; j--) {
+                if (s < need[j + 1]) {
+                    pruned = 1;
+                    break;
+                }
+                Cursor *c = &cur[order[j]];
+                const int bit = ne - 1 - j;
+                const int known = bit < 64 && ((tested >> bit) & 1);
+                if (known && !((maybe >> bit) & 1)) continue; /* its map says absent */
+                if (c->cur < d) {
+                    if (!known && !may_hold(c, d)) continue; /* a set bit may be a false alarm: seek then */
+                    if (!shallow_seek(c, d)) {
+                        exhaust(c);
+                        continue;
+                    }
+                    if (s + (double)c->bmax[c->bpos] * c->boost < need[j]) {
                         pruned = 1;
                         break;
                     }
-                    Cursor *c = &cur[order[j]];
-                    if (c->cur < d) {
-                        if (!may_hold(c, d)) continue; /* a set bit may be a false alarm: seek then */
-                        if (!shallow_seek(c, d)) {
-                            exhaust(c);
-                            continue;
-                        }
-                        if (s + (double)c->bmax[c->bpos] * c->boost < need[j]) {
-                            pruned = 1;
-                            break;
-                        }
-                        seek(c, d);
-                    }
-                    if (c->cur == d) s += score_here(c, &nv);
+                    seek(c, d);
                 }
-                if (pruned || s < need[0]) continue;
-                Hit h = {(float)s, idrank[d], d};
-                push_hit(heap, &size, k, h);
-                if (size == k && heap[0].score != thr) {
-                    thr = heap[0].score;
-                    cut = thr / (1.0 + MARGIN);
-                    if (cut < floor_) cut = floor_;
-                    need[0] = cut;
-                    for (int j = 0; j < ne; j++) need[j + 1] = cut - prefix[j];
-                }
+                if (c->cur == d) s += score_here(c, &nv);
+            }
+            if (pruned || s < need[0]) continue;
+            Hit h = {(float)s, idrank[d], d};
+            push_hit(heap, &size, k, h);
+            if (size == k && heap[0].score != thr) {
+                thr = heap[0].score;
+                cut = thr / (1.0 + MARGIN);
+                need[0] = cut;
+                for (int j = 0; j < ne; j++) need[j + 1] = cut - prefix[j];
             }
         }
     }
@@ -578,6 +574,10 @@ out:
     free(order);
     free(acc);
     free(seen);
+    free(cs.doc);
+    free(cs.partial);
+    free(cs.upper);
+    free(cs.maybe);
     return status;
 }
 
@@ -613,18 +613,8 @@ static int check_structure(Ranker *self) {
         PyErr_SetString(PyExc_ValueError, "term offsets do not span the postings");
         return -1;
     }
-    const int64_t *presptr = BUF(self, PRESPTR), *topptr = BUF(self, TOPPTR);
+    const int64_t *presptr = BUF(self, PRESPTR);
     const uint8_t *presshift = BUF(self, PRESSHIFT);
-    if (self->views[TOPPTR].shape[0] != self->n_terms + 1 || topptr[0] != 0 ||
-        topptr[self->n_terms] != self->views[TOPDOCS].shape[0]) {
-        PyErr_SetString(PyExc_ValueError, "best-document offsets do not span the best-document lists");
-        return -1;
-    }
-    for (int64_t t = 0; t < self->n_terms; t++)
-        if (topptr[t + 1] < topptr[t]) {
-            PyErr_Format(PyExc_ValueError, "term %lld: best-document offsets decrease", (long long)t);
-            return -1;
-        }
     if (presptr[0] != 0 || presptr[self->n_terms] != self->views[PRESENCE].shape[0]) {
         PyErr_SetString(PyExc_ValueError, "presence offsets do not span the presence maps");
         return -1;
@@ -661,8 +651,7 @@ static int check_structure(Ranker *self) {
 static int Ranker_init(Ranker *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"docbytes", "blockoff",  "blockbase", "tfs",      "norms",    "normcache",
                              "idrank",   "indptr",    "blockptr",  "blockmax", "blocklast", "idf",
-                             "presence", "presptr",   "presshift", "topdocs",  "topptr",    "block",
-                             NULL};
+                             "presence", "presptr",   "presshift", "block",    NULL};
     PyObject *o[N_VIEWS];
     Py_ssize_t block;
     if (self->ready) {
@@ -670,9 +659,9 @@ static int Ranker_init(Ranker *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "a Ranker is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOOOOOOOOOOn", kwlist, &o[0], &o[1], &o[2], &o[3], &o[4],
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOOOOOOOOn", kwlist, &o[0], &o[1], &o[2], &o[3], &o[4],
                                      &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14],
-                                     &o[15], &o[16], &block))
+                                     &block))
         return -1;
     for (int i = 0; i < N_VIEWS; i++) {
         Py_buffer *v = &self->views[i];
@@ -767,9 +756,6 @@ static PyObject *Ranker_search(Ranker *self, PyObject *args) {
         const int64_t *presptr = BUF(self, PRESPTR);
         c->pres = presptr[t + 1] > presptr[t] ? (const uint64_t *)BUF(self, PRESENCE) + presptr[t] : NULL;
         c->pshift = ((const uint8_t *)BUF(self, PRESSHIFT))[t];
-        const int64_t *topptr = BUF(self, TOPPTR);
-        c->ntop = topptr[t + 1] - topptr[t];
-        c->top = c->ntop ? (const uint32_t *)BUF(self, TOPDOCS) + topptr[t] : NULL;
         c->cur = doc_at(c, 0);
     }
     int64_t size;

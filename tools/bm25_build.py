@@ -40,9 +40,6 @@ Files written (all little-endian ``.npy`` arrays unless named otherwise)::
                               presptr[t + 1]) of bm25_presence.npy (none when empty)
     bm25_presshift.npy        uint8 [terms]: the map's bit g covers documents [g << shift, (g + 1) << shift)
     bm25_presence.npy         uint64 [words]: the maps, bit g of a map set when the term occurs there
-    bm25_topptr.npy           int64 [terms + 1]: term t's best documents are [topptr[t], topptr[t + 1])
-                              of bm25_topdocs.npy (terms with more than TOP_DOCS postings)
-    bm25_topdocs.npy          uint32: each such term's TOP_DOCS best-scoring documents, ascending
     bm25_terms.bin, bm25_terms_offsets.npy, bm25_terms_slots.npy
                               the vocabulary, term id <-> term (:mod:`toolgym.tools.string_table`)
 
@@ -75,7 +72,7 @@ from toolgym.tools.bm25_workers import Workers, analyse_range, worker_count
 from toolgym.tools.doc_store import DocumentStore
 from toolgym.tools.string_table import string_table_files, write_string_table
 
-__all__ = ["BLOCK", "FILES", "PRESENCE_BITS", "TOP_DOCS", "build_bm25", "presence_layout"]
+__all__ = ["BLOCK", "FILES", "PRESENCE_BITS", "build_bm25", "presence_layout"]
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +87,6 @@ PRESENCE_MIN_DF = 64
 #: largest such group with at most one posting per PRESENCE_BITS groups on average, so about one
 #: document in PRESENCE_BITS that lacks the term still finds its bit set.
 PRESENCE_BITS = 8
-#: Best-scoring documents kept per term (for terms with more postings): the kernel scores the union of
-#: a query's terms' lists first, and the k-th best of those scores is a floor for the k-th score.
-TOP_DOCS = 16
 _ARRAYS = (
     "indptr",
     "tfs",
@@ -108,8 +102,6 @@ _ARRAYS = (
     "presence",
     "presptr",
     "presshift",
-    "topptr",
-    "topdocs",
 )
 FILES = (
     "bm25.json",
@@ -325,10 +317,7 @@ def _merge(
     n_postings, total_blocks = int(indptr[-1]), int(blockptr[-1])
     presshift, presptr = presence_layout(df, n_docs)
     presence = (presshift, presptr)
-    topptr = np.zeros(n_terms + 1, dtype=np.int64)
-    np.cumsum(np.where(df > TOP_DOCS, TOP_DOCS, 0), out=topptr[1:])
     writers = {
-        "topdocs": _NpyAppender(out / "bm25_topdocs.npy", np.uint32, int(topptr[-1])),
         "presence": _NpyAppender(out / "bm25_presence.npy", np.uint64, int(presptr[-1])),
         "tfs": _NpyAppender(out / "bm25_tfs.npy", tf_dtype, n_postings),
         "blockmax": _NpyAppender(out / "bm25_blockmax.npy", np.float32, total_blocks),
@@ -350,7 +339,7 @@ def _merge(
             writer.close()
     np.save(out / "bm25_blockoff.npy", blockoff)
     saved = {"indptr": indptr, "blockptr": blockptr, "idf": idf, "norms": stored_norms, "normcache": cache}
-    saved |= {"presptr": presptr, "presshift": presshift, "topptr": topptr}
+    saved |= {"presptr": presptr, "presshift": presshift}
     for name, values in saved.items():
         np.save(out / f"bm25_{name}.npy", values)
     np.save(out / "bm25_idrank.npy", _id_ranks(ids))
@@ -395,16 +384,6 @@ def _presence_maps(docs: np.ndarray, starts: np.ndarray, shift: np.ndarray, word
         bits[docs[starts[t] : starts[t + 1]] >> shift[t]] = True
         parts.append(np.packbits(bits, bitorder="little").view(np.uint64))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
-
-
-def _top_docs(docs: np.ndarray, scores: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Each term's ``TOP_DOCS`` best-scoring documents (ascending), for the terms with more postings."""
-    parts = []
-    for t in np.flatnonzero(np.diff(starts) > TOP_DOCS):
-        first, last = int(starts[t]), int(starts[t + 1])
-        best = np.argpartition(scores[first:last], last - first - TOP_DOCS)[-TOP_DOCS:]
-        parts.append(np.sort(docs[first:last][best]))
-    return np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, dtype=np.uint32)
 
 
 def _term_ranges(indptr: np.ndarray) -> Iterator[tuple[int, int]]:
@@ -487,7 +466,6 @@ def _merge_range(
     starts = indptr[a : b + 1] - base
     presshift, presptr = presence
     writers["presence"].write(_presence_maps(docs, starts, presshift[a:b], np.diff(presptr[a : b + 1])))
-    writers["topdocs"].write(_top_docs(docs, scores, starts))
     return _encode_ids(docs, blocks, writers)
 
 

@@ -6,7 +6,7 @@ and hands the rest to the C kernel (``tools/_bm25kernel.c``: block-max MaxScore,
 arithmetic, Anserini's order), which runs without the GIL: ``top_k_batch`` with ``threads > 1``
 searches on that many threads of this process, sharing one copy of the pages.
 
-The kernel's per-term data (postings' ids and frequencies, presence maps, best documents) is not
+The kernel's per-term data (postings' ids and frequencies, presence maps) is not
 memory-mapped but read on first use (:class:`_ReadOnUse`), so memory follows the terms searched,
 not the file sizes.
 
@@ -57,7 +57,7 @@ class BM25Ranker:
             "blocklast",
             "idf",
         ]
-        names += ["presence", "presptr", "presshift", "topdocs", "topptr"]
+        names += ["presence", "presptr", "presshift"]
         files = {name: np.load(path / f"bm25_{name}.npy", mmap_mode="r") for name in names}
         arrays = {name: np.asarray(array) for name, array in files.items()}
         ids = path / "bm25_docs.bin"
@@ -78,7 +78,6 @@ class BM25Ranker:
                 "docbytes": (ids, 0, arrays["blockoff"][arrays["blockptr"]], np.uint8),
                 "tfs": part("tfs", arrays["indptr"]),
                 "presence": part("presence", arrays["presptr"]),
-                "topdocs": part("topdocs", arrays["topptr"]),
             }
         )
         self._kernel = Ranker(**(arrays | self._parts.arrays), block=self.block)

@@ -33,7 +33,7 @@ __all__ = ["FORMAT", "MANIFEST", "VERIFIED", "file_table", "fix_hint", "read_man
 log = logging.getLogger(__name__)
 
 #: Version of the on-disk layout; an index of another version is rebuilt (or refused by load_index).
-FORMAT = 4
+FORMAT = 5
 MANIFEST = "manifest.json"
 VERIFIED = "verified.json"
 #: A file changed this recently is not stamped: another change within the same timestamp tick could

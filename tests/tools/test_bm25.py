@@ -14,7 +14,7 @@ import pytest
 
 from toolgym.errors import BackendError
 from toolgym.tools import bm25_build, bm25_workers, index_manifest
-from toolgym.tools.bm25 import anserini_display, lucene_norm_cache, lucene_term_scores
+from toolgym.tools.bm25 import anserini_display, lucene_norm_cache
 from toolgym.tools.bm25_search import BM25Ranker, exhaustive_top_k
 from toolgym.tools.index import Index, build_index, load_index
 from toolgym.tools.porter import porter_stem
@@ -218,44 +218,38 @@ def test_the_kernel_consults_the_presence_maps(big_index: Index) -> None:
     assert wrong > 10
 
 
-def test_best_document_lists_hold_each_terms_best_scores(big_index: Index) -> None:
-    ranker = _ranker(big_index)
-    a = ranker.arrays
-    df = np.diff(a["indptr"])
-    sizes = np.diff(a["topptr"])
-    assert np.array_equal(sizes, np.where(df > bm25_build.TOP_DOCS, bm25_build.TOP_DOCS, 0))
-    norm_inverse = a["normcache"][a["norms"]]
-    listed = np.flatnonzero(sizes)
-    for t in listed[:: max(1, len(listed) // 100)]:
-        docs = ranker.term_docs(int(t))
-        tfs = np.asarray(a["tfs"][a["indptr"][t] : a["indptr"][t + 1]])
-        scores = lucene_term_scores(np.full(len(docs), a["idf"][t], np.float32), tfs, norm_inverse[docs])
-        best = a["topdocs"][a["topptr"][t] : a["topptr"][t + 1]].astype(np.int64)
-        assert np.all(np.diff(best) > 0)  # ascending, distinct
-        chosen = np.isin(docs, best)
-        assert chosen.sum() == bm25_build.TOP_DOCS and scores[chosen].min() >= scores[~chosen].max()
-
-
-def test_any_best_document_lists_give_the_same_answer(big_index: Index) -> None:
+def _exact_with(ranker: BM25Ranker, arrays: dict[str, np.ndarray], queries: list[str]) -> None:
     from toolgym.tools._bm25kernel import Ranker
 
-    # The seeded floor is the k-th score of real documents, so whatever the lists hold (here: random
-    # documents) the answer stays exact; documents beyond the collection are refused.
-    ranker = _ranker(big_index)
-    arrays = dict(ranker.arrays)
-    n_docs = len(arrays["norms"])
-    rng = np.random.default_rng(3)
-    shuffled = rng.integers(0, n_docs, len(arrays["topdocs"]), dtype=np.uint32)
-    kernel = Ranker(**(arrays | {"topdocs": shuffled}), block=bm25_build.BLOCK)
-    for q in _random_queries(ranker, 60, seed=9):
+    kernel = Ranker(**arrays, block=bm25_build.BLOCK)
+    for q in queries:
         t, b = ranker.query_terms(q)
         if len(t):
-            assert kernel.search(t.tobytes(), b.tobytes(), 10) == exhaustive_top_k(ranker, q, 10), q
-    past = np.arange(n_docs, n_docs + len(shuffled), dtype=np.uint32)
-    beyond = Ranker(**(arrays | {"topdocs": past}), block=bm25_build.BLOCK)
-    common = np.argsort(np.diff(arrays["indptr"]))[-3:].astype(np.int64)
-    with pytest.raises(ValueError, match="beyond the collection"):
-        beyond.search(common.tobytes(), np.ones(3, np.float32).tobytes(), 10)
+            for k in (10, 100):
+                assert kernel.search(t.tobytes(), b.tobytes(), k) == exhaustive_top_k(ranker, q, k), (q, k)
+
+
+def test_maps_that_say_maybe_everywhere_give_the_same_answer(big_index: Index) -> None:
+    # Every bit set: no candidate is dropped by a map, each set bit leads to a seek (a false alarm
+    # for most documents), and the answers stay exact.
+    ranker = _ranker(big_index)
+    full = dict(ranker.arrays, presence=np.full_like(ranker.arrays["presence"], np.iinfo(np.uint64).max))
+    _exact_with(ranker, full, _random_queries(ranker, 60, seed=9))
+
+
+def test_maps_on_any_subset_of_the_terms_give_the_same_answer(big_index: Index) -> None:
+    # Terms without a map between terms with one: the filter adds their bounds untested and the exact
+    # step looks them up in their postings.
+    ranker = _ranker(big_index)
+    a = ranker.arrays
+    words = np.diff(a["presptr"])
+    keep = (np.random.default_rng(4).random(len(words)) < 0.5) & (words > 0)
+    kept = [a["presence"][a["presptr"][t] : a["presptr"][t + 1]] for t in np.flatnonzero(keep)]
+    presptr = np.zeros_like(a["presptr"])
+    np.cumsum(np.where(keep, words, 0), out=presptr[1:])
+    some = dict(a, presence=np.concatenate(kept), presptr=presptr)
+    assert 0 < keep.sum() < (words > 0).sum()
+    _exact_with(ranker, some, _random_queries(ranker, 60, seed=11))
 
 
 def test_kernel_refuses_inconsistent_presence_maps(index: Index) -> None:
