@@ -37,7 +37,8 @@
  *      term's presence bit adds its bound to the candidate's upper bound (a clear bit adds nothing:
  *      the document lacks the term), and a candidate whose upper bound plus the bounds of the terms
  *      still to test falls below the k-th score is dropped. Each step is a loop without a branch
- *      per candidate; at a million documents it leaves ~1% of the candidates;
+ *      per candidate; at a million documents, once there is a k-th score, under 1% of the candidates
+ *      are left;
  *   C. the survivors get their exact scores, seeking only into terms whose bits were set, and are
  *      dropped as soon as their partial score plus the bounds still to add (a block's own bound
  *      where known) cannot reach the k-th score.
