@@ -219,12 +219,14 @@ static inline float term_score(const Cursor *c, uint32_t freq, uint32_t doc, con
 
 static inline float score_here(Cursor *c, const Norms *nv) { return term_score(c, tf_at(c, c->pos), c->cur, nv); }
 
-/* False when the term's presence map says no document of d's group holds it (then d lacks it). */
-static inline int may_hold(const Cursor *c, uint32_t d) {
-    if (!c->pres) return 1;
-    uint32_t g = d >> c->pshift;
-    return (c->pres[g >> 6] >> (g & 63)) & 1;
+/* Bit d >> shift of a presence map: 0 when no document of d's group holds the term (then d lacks it). */
+static inline uint64_t map_bit(const uint64_t *pres, int shift, uint32_t d) {
+    uint32_t g = d >> shift;
+    return (pres[g >> 6] >> (g & 63)) & 1;
 }
+
+/* False when the term's presence map says d lacks it (a term without a map may hold anything). */
+static inline int may_hold(const Cursor *c, uint32_t d) { return !c->pres || map_bit(c->pres, c->pshift, d); }
 
 static inline void exhaust(Cursor *c) {
     c->pos = c->n;
@@ -415,8 +417,8 @@ static int64_t filter_by_map(const Cursor *c, double b, int bit, double keep, Ca
     uint64_t *restrict maybe = cs->maybe;
     int64_t kept = 0;
     for (int64_t i = 0; i < n; i++) {
-        uint32_t d = doc[i], g = d >> shift;
-        uint64_t h = (pres[g >> 6] >> (g & 63)) & 1;
+        uint32_t d = doc[i];
+        uint64_t h = map_bit(pres, shift, d);
         double u = upper[i] + (double)h * b;
         doc[kept] = d;
         partial[kept] = partial[i];

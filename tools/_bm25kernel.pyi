@@ -24,8 +24,6 @@ class Ranker:
         presence: Buffer,
         presptr: Buffer,
         presshift: Buffer,
-        topdocs: Buffer,
-        topptr: Buffer,
         block: int,
     ) -> None: ...
     def search(self, term_ids: Buffer, boosts: Buffer, k: int, /) -> list[tuple[int, float]]: ...

@@ -6,9 +6,9 @@ and hands the rest to the C kernel (``tools/_bm25kernel.c``: block-max MaxScore,
 arithmetic, Anserini's order), which runs without the GIL: ``top_k_batch`` with ``threads > 1``
 searches on that many threads of this process, sharing one copy of the pages.
 
-The kernel's per-term data (postings' ids and frequencies, presence maps) is not
-memory-mapped but read on first use (:class:`_ReadOnUse`), so memory follows the terms searched,
-not the file sizes.
+The kernel's per-term data (postings' ids and frequencies, presence maps) is not memory-mapped
+but read on first use (:class:`_ReadOnUse`), so memory follows the terms searched, not the file
+sizes.
 
 :func:`exhaustive_top_k` scores every posting of the query's terms with numpy, no pruning (what the
 numpy backend before the kernel did): the reference the kernel is tested against.
@@ -44,7 +44,7 @@ class BM25Ranker:
         from toolgym.tools._bm25kernel import Ranker
 
         meta = json.loads((path / "bm25.json").read_text(encoding="utf-8"))
-        names = [
+        names = (
             "blockoff",
             "blockbase",
             "tfs",
@@ -56,8 +56,10 @@ class BM25Ranker:
             "blockmax",
             "blocklast",
             "idf",
-        ]
-        names += ["presence", "presptr", "presshift"]
+            "presence",
+            "presptr",
+            "presshift",
+        )
         files = {name: np.load(path / f"bm25_{name}.npy", mmap_mode="r") for name in names}
         arrays = {name: np.asarray(array) for name, array in files.items()}
         ids = path / "bm25_docs.bin"
