@@ -40,6 +40,9 @@ Where each exception type is placed (each in exactly one of the four families ab
   policy or bad sampling parameters are :class:`ConfigError`; an in-process transformers policy has no
   infrastructure of its own, so its exceptions are bugs.
 * Ray environment actors: an actor that died mid-episode is an :class:`InfraError`.
+* Served environments (``toolgym.remote``): a server that cannot be reached, misses a request's
+  deadline, or answers outside the protocol (wrong types, a non-finite reward, an oversized reply)
+  is an :class:`InfraError`; the environment's own errors arrive as themselves.
 
 Messages say what went wrong, what was expected versus what was got, and how to fix it.
 """
