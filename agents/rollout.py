@@ -33,7 +33,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -357,9 +357,14 @@ def _segment(
 
 
 def _env_metrics(env: AsyncToolEnv) -> dict[str, float]:
-    """The counters of an episode the rollout ended before the environment did (a toolgym env's)."""
+    """The counters of an episode the rollout ended before the environment did (a toolgym env's).
+
+    ``ToolEnv.episode_metrics`` is a property (a mapping); an environment may also offer a method.
+    """
     read = getattr(env, "episode_metrics", None)
-    return dict(read()) if callable(read) else {}
+    if callable(read):
+        read = read()
+    return {str(k): float(v) for k, v in read.items()} if isinstance(read, Mapping) else {}
 
 
 def _reserve(config: CompactionConfig, sampling: SamplingParams, request: int, largest: int) -> int:

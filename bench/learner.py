@@ -213,7 +213,7 @@ def run(trainer: Trainer, args: argparse.Namespace) -> None:
             trainer.config = replace(base, train=replace(base.train, share_prefix=share))
             with PeakRSS() as memory:
                 t0 = time.perf_counter()
-                learn = trainer._learn([group])  # the trainer's own learner step
+                learn = asyncio.run(trainer._learn([group]))  # the trainer's own learner step
                 seconds = time.perf_counter() - t0
             results[share].append((seconds, memory, learn))
             print(f"round {r + 1} share_prefix={str(share).lower()}: {seconds:.1f} s")
@@ -235,7 +235,7 @@ def run(trainer: Trainer, args: argparse.Namespace) -> None:
         learn = runs[0][2]
         print(
             f"| {str(share).lower()} | {best[share]:.1f} | {statistics.median(s for s, _, _ in runs):.1f} | "
-            f"{tokens / best[share]:.0f} | {rise:.0f} MiB | {learn['pg']:+.6f} | {learn['grad_norm']:.6f} |"
+            f"{tokens / best[share]:.0f} | {rise:.0f} MiB | {learn.losses.pg:+.6f} | {learn.grad_norm:.6f} |"
         )
     print(
         f"\nspeed-up (best s/step, off / on): {best[False] / best[True]:.2f}x; process peak RSS {peak:.0f} MiB"

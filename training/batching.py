@@ -1,9 +1,8 @@
-"""The learner's bookkeeping as pure functions: which samples train, with which advantage, in which tensors.
+"""The learner's bookkeeping as pure functions: samples, micro-batches, padded tensors, summed metrics.
 
-One optimizer step (:meth:`toolgym.training.trainer.Trainer._learn`) reads as: :func:`plan_step` (shaped
-rewards -> group-relative advantages -> the samples that carry signal), :func:`micro_batches` and
-:func:`pack_batch` (the padded tensors the loss takes), :class:`LossSums` (the step's loss metrics).
-Nothing here runs a model, so each piece has exact-value tests.
+:mod:`toolgym.training.grpo` plans a step into :class:`Sample` values; :func:`micro_batches` and
+:func:`pack_batch` make the padded tensors the loss takes; :class:`LossSums` adds up the step's loss
+metrics. Nothing here runs a model, so each piece has exact-value tests.
 
 NOTE (masks): :func:`pack_batch` right-pads with mask 0 and behaviour logprob 0.0, so padding never
 enters the loss; the model-side scorers pad their token ids the same way.
@@ -17,19 +16,15 @@ from dataclasses import dataclass
 import torch
 
 from toolgym.core import Trajectory
-from toolgym.training.advantages import group_advantages
 from toolgym.training.loss import LossTerms
-from toolgym.training.rewards import shaped_reward
 
 __all__ = [
     "LossSums",
     "PackedBatch",
     "Sample",
-    "StepPlan",
     "common_prefix_length",
     "micro_batches",
     "pack_batch",
-    "plan_step",
 ]
 
 
@@ -42,80 +37,14 @@ class Sample:
             (:meth:`~toolgym.core.Trajectory.segment_views`).
         advantage: the episode's advantage (every segment of an episode trains with it).
         episode: the whole episode when ``trajectory`` is one of its segments, else ``None``.
+        group: the position of its group in the step's input; ``index``: its position in that group.
     """
 
     trajectory: Trajectory
     advantage: float
     episode: Trajectory | None = None
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What one optimizer step trains on.
-
-    Attributes:
-        advantages: per input group, per trajectory (in the group's order) the advantage; 0.0 for
-            ``infra_error`` samples, which never train. Written to ``trajectories.jsonl``.
-        groups: the trained samples, one tuple per group that carries signal (input order kept), so a
-            group's shared prompt prefix can be computed once.
-        zero_variance: groups left out because every advantage was 0 (with ``skip_zero_variance``).
-    """
-
-    advantages: tuple[tuple[float, ...], ...]
-    groups: tuple[tuple[Sample, ...], ...]
-    zero_variance: int
-
-    @property
-    def samples(self) -> tuple[Sample, ...]:
-        """Every trained sample, group after group (the order the unshared learner batches them in)."""
-        return tuple(s for group in self.groups for s in group)
-
-    @property
-    def tokens(self) -> int:
-        """The step's mask-1 token count: the denominator of the token-level mean loss."""
-        return sum(sum(s.trajectory.loss_mask) for s in self.samples)
-
-
-def plan_step(
-    groups: Sequence[Sequence[Trajectory]],
-    *,
-    scales: Sequence[float] | None = None,
-    format_credit: float = 0.0,
-    answer_tool: str = "answer",
-    normalize_std: bool = True,
-    skip_zero_variance: bool = True,
-) -> StepPlan:
-    """Advantages of each group from its learner rewards, and the samples that train.
-
-    ``infra_error`` samples are left out of their group's statistics and of training (they were never
-    scored). A group whose advantages are all 0 (equal rewards, or a single usable sample) carries no
-    policy-gradient signal; ``skip_zero_variance`` leaves it out of the loss altogether. ``scales``
-    multiplies each group's advantages (a mixture's per-environment normalisation; 1.0 by default).
-    A compacted episode trains each of its segments, all with the episode's advantage.
-    """
-    advantages: list[tuple[float, ...]] = []
-    trained: list[tuple[Sample, ...]] = []
-    zero_variance = 0
-    for i, group in enumerate(groups):
-        usable = [t for t in group if t.status != "infra_error"]
-        rewards = [shaped_reward(t, format_credit, answer_tool) for t in usable]
-        adv = group_advantages(rewards, normalize_std=normalize_std) if usable else []
-        if scales is not None and scales[i] != 1.0:
-            adv = [a * scales[i] for a in adv]
-        by_id = {id(t): a for t, a in zip(usable, adv, strict=True)}
-        advantages.append(tuple(by_id.get(id(t), 0.0) for t in group))
-        if skip_zero_variance and all(a == 0.0 for a in adv):
-            zero_variance += 1
-            continue
-        if usable:
-            trained.append(
-                tuple(
-                    Sample(view, by_id[id(t)], t if t.segments else None)
-                    for t in usable
-                    for view in t.segment_views()
-                )
-            )
-    return StepPlan(advantages=tuple(advantages), groups=tuple(trained), zero_variance=zero_variance)
+    group: int = 0
+    index: int = 0
 
 
 def micro_batches(samples: Sequence[Sample], size: int) -> list[tuple[Sample, ...]]:
@@ -178,7 +107,8 @@ def pack_batch(samples: Sequence[Sample], device: torch.device | str = "cpu") ->
 class LossSums:
     """The step's loss metrics, summed over micro-batches.
 
-    Every term is already divided by the step's token count, so the sums are the full-batch values.
+    Every term is already weighted for the whole step (the diagnostics divided by the step's token
+    count), so the sums are the full-batch values.
     """
 
     pg: float = 0.0
@@ -186,15 +116,21 @@ class LossSums:
     clip_frac: float = 0.0
     ratio_mean: float = 0.0
     mismatch_kl: float = 0.0
+    tis_frac: float = 0.0
+    dual_frac: float = 0.0
+    entropy: float = 0.0
 
-    def add(self, terms: LossTerms, mismatch_kl: float) -> LossSums:
-        """These sums plus one micro-batch's terms and its behaviour/learner mismatch KL."""
+    def add(self, terms: LossTerms, mismatch_kl: float, entropy: float = 0.0) -> LossSums:
+        """These sums plus one micro-batch's terms, its behaviour/learner mismatch KL and entropy."""
         return LossSums(
             pg=self.pg + terms.pg,
             kl=self.kl + terms.kl,
             clip_frac=self.clip_frac + terms.clip_frac,
             ratio_mean=self.ratio_mean + terms.ratio_mean,
             mismatch_kl=self.mismatch_kl + mismatch_kl,
+            tis_frac=self.tis_frac + terms.tis_frac,
+            dual_frac=self.dual_frac + terms.dual_frac,
+            entropy=self.entropy + entropy,
         )
 
     def as_dict(self) -> dict[str, float]:
@@ -204,4 +140,7 @@ class LossSums:
             "clip_frac": self.clip_frac,
             "ratio_mean": self.ratio_mean,
             "mismatch_kl": self.mismatch_kl,
+            "tis_frac": self.tis_frac,
+            "dual_frac": self.dual_frac,
+            "entropy": self.entropy,
         }

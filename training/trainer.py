@@ -1,30 +1,39 @@
-"""The async GRPO trainer: rollout workers fill a queue while the learner trains (see ARCHITECTURE.md).
+"""The async GRPO trainer (see ARCHITECTURE.md): rollout workers sample while the learner trains.
 
-One loop, readable top to bottom (:meth:`Trainer.run`): take the next ``tasks_per_step`` groups from
-the queue (dropping those more than ``max_off_policy_steps`` policy versions old), compute
-group-relative advantages, take one optimizer step on the token-level clipped loss, sync the weights
-and bump the policy version, let the curriculum observe the step, write metrics and trajectories,
-checkpoint.
+One loop, readable top to bottom (:meth:`Trainer.run`):
 
-Weight sync, by policy. ``hf`` and ``tiny`` policies sample from the learner's own
-module, so the sync is the version bump under the policy's weights lock. A ``vllm`` policy serves its
-own copy of the weights in an engine process: the learner loads a separate fp32 transformers model of
-the same checkpoint (:func:`~toolgym.training.policies.learner_model`) and, after each optimizer
-step, pushes it into the engine in place (:class:`~toolgym.training.weight_sync.VLLMWeightSync`:
-pause, reload, relabel, resume; from the learner's worker thread, never the engine's event loop); the engine's ``load_weights`` is what
-bumps ``policy_version``. A completion that spans a reload reports the oldest weight version it used,
-so the staleness of a group is never understated. Policies whose sampled token ids or logprobs are
-not exact (``token_exact = False``, e.g. :class:`~toolgym.agents.http_policy.HTTPPolicy`) are refused:
-the loss needs the very tokens and the behaviour logprobs of the sampler.
+1. **collect** the step's groups from the workers, in index order: a group sampled more than
+   ``max_off_policy_steps`` versions ago is dropped (stale); with ``dynamic_sampling`` a group without
+   reward variance is dropped too and a replacement admitted, until ``tasks_per_step`` informative
+   groups or ``max_groups_per_step`` drawn;
+2. **learn** (:mod:`toolgym.training.grpo`): rewards, advantages, plan, the loss's gradient;
+3. **publish**: wait for every group admitted at the current weights to finish (so each group is
+   sampled by one version, whatever the scheduling), take the optimizer step, sync the weights and
+   bump the version;
+4. **observe**: the curricula, the mixture's weights and the task filter see the step's groups, and
+   the next groups are admitted; write metrics and trajectories, checkpoint, and every
+   ``heldout.every`` steps put a point on the held-out curve.
+
+Weight sync, by policy. ``hf`` and ``tiny`` policies sample from the learner's own module, so the
+sync is the version bump under the policy's weights lock. A ``vllm`` policy serves its own copy in an
+engine process: the learner loads a separate fp32 transformers model of the same checkpoint
+(:func:`~toolgym.training.policies.learner_model`) and pushes it into the engine in place after each
+step (:class:`~toolgym.training.weight_sync.VLLMWeightSync`); the engine's ``load_weights`` is what
+bumps ``policy_version``. Policies whose sampled token ids or logprobs are not exact (``token_exact =
+False``, e.g. :class:`~toolgym.agents.http_policy.HTTPPolicy`) are refused.
 
 Run directory layout: ``config.json``, ``metrics.jsonl`` (one line per step), ``trajectories.jsonl``
-(one line per consumed sample: ``{"step", "group", "sample", "advantage", "trained", "trajectory"}``),
-``curriculum.jsonl`` (stage changes) and ``checkpoint.pt``.
+(one line per consumed sample: ``{"step", "group", "sample", "advantage", "trained", "trajectory"}``,
+plus ``"dropped"`` for a group dynamic sampling or staleness left out), ``curriculum.jsonl`` (stage
+changes), ``heldout_curve.jsonl`` and ``checkpoint.pt``.
 
-NOTE (determinism): with ``max_off_policy_steps = 0`` every group of step ``s`` is sampled with the
-weights of version ``s`` and the run is reproducible bit for bit on CPU, including across a kill and
-resume. With look-ahead > 0, which version samples a group depends on timing; resumes then lose and
-double-count nothing but are not bitwise identical.
+NOTE (determinism): the learner admits every group, labelled with the weight version of that moment,
+and drains them before it publishes the next version (:class:`~toolgym.training.rollouts.RolloutWorkers`),
+so which weights sample which group never depends on timing, look-ahead included: two runs of one
+config sample the same groups with the same weights, and with a policy whose sampling does not
+depend on batch composition (``tiny``) they are identical bit for bit. A resume is exact with
+``max_off_policy_steps = 0``; with look-ahead the groups sampled ahead at the checkpoint are sampled
+again by the checkpoint's weights.
 """
 
 from __future__ import annotations
@@ -48,7 +57,6 @@ from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
 from toolgym.errors import ConfigError
 from toolgym.registry import check_id
 from toolgym.trackers import Trackers
-from toolgym.training.batching import LossSums, micro_batches, pack_batch, plan_step
 from toolgym.training.checkpoint import (
     capture_rng,
     load_checkpoint,
@@ -59,13 +67,23 @@ from toolgym.training.checkpoint import (
 from toolgym.training.config import TrainConfig, to_dict
 from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.export import export_checkpoint
-from toolgym.training.loss import check_token_receipt, clipped_pg_loss, mismatch_kl
+from toolgym.training.grpo import StepPlan, StepResult, accumulate_gradients, informative, plan_step
+from toolgym.training.lora import apply_lora
 from toolgym.training.mixture import MixtureSampler, mixture_metrics, observe_curricula, probe_env
+from toolgym.training.optim import LearnerOptimizer
 from toolgym.training.policies import Closable, build_policy, learner_model, require_trainable
-from toolgym.training.prefix import SequenceScorer
+from toolgym.training.progress import RunProgress
 from toolgym.training.rewards import shaped_reward
 from toolgym.training.rollouts import EnvRoute, Group, InfraGuard, RolloutWorkers, env_factory
-from toolgym.training.step_log import LOG_FILES, step_metrics, track_step, write_step, write_train_manifest
+from toolgym.training.step_log import (
+    LOG_FILES,
+    group_records,
+    step_metrics,
+    track_step,
+    write_step,
+    write_train_manifest,
+)
+from toolgym.training.task_filter import PassRateFilter
 
 __all__ = ["Trainer", "build_policy", "shaped_reward"]  # shaped_reward: re-exported
 
@@ -81,9 +99,11 @@ class Trainer:
         run_dir: str | Path,
         policy: TrainablePolicy | ServedPolicy | None = None,
         trackers: Trackers | None = None,
+        progress: RunProgress | None = None,
     ) -> None:
         self.config = config
         self.trackers = trackers if trackers is not None else Trackers()  # the caller closes them
+        self.progress = progress if progress is not None else RunProgress()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.train.seed)
@@ -94,6 +114,7 @@ class Trainer:
         self._owns_policy = policy is None
         self.policy: TrainablePolicy | ServedPolicy = policy if policy is not None else build_policy(config)
         self.weight_sync: Any = None
+        tc = config.train
         try:
             if isinstance(self.policy, TrainablePolicy) and isinstance(self.policy.model, torch.nn.Module):
                 self.model: torch.nn.Module = self.policy.model
@@ -109,18 +130,19 @@ class Trainer:
                     f"{type(self.policy).__name__}.model is a {type(self.policy.model).__name__}, not a "
                     "torch.nn.Module, and the policy serves no model_dir: there is nothing to train"
                 )
+            apply_lora(self.model, tc.lora_settings(), seed=tc.seed)  # no-op at lora_rank = 0
         except BaseException:
             self.close()
             raise
         self._weights_lock: AbstractContextManager[Any] = (
             self.policy.weights_lock if isinstance(self.policy, TrainablePolicy) else threading.RLock()
         )
-        tc = config.train
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
+        self.optimizer = LearnerOptimizer(
+            self.model.parameters(),
             lr=tc.lr,
             weight_decay=tc.weight_decay,
             betas=tc.betas,
+            schedule=tc.schedule_config(),
         )
         self.reference = None
         if tc.kl_coef > 0:
@@ -155,10 +177,16 @@ class Trainer:
             seed=tc.seed,
             config=config.mixture,
         )
+        self.task_filter = (
+            PassRateFilter(format_credit=tc.format_credit, answer_tool=tc.answer_tool)
+            if tc.task_filter == "pass_rate"
+            else None
+        )
         self.warm_started = False
         self.step = 0
         self.next_group = 0
         self.dropped_groups = 0
+        self.curve_steps: list[int] = []  # steps with a held-out curve point
         self.infra_guard = InfraGuard(tc.max_infra_groups)
         self.last_metrics: dict[str, float] = {}
 
@@ -178,6 +206,8 @@ class Trainer:
             "curriculum": self.curriculum.state_dict(),
             "curricula": [c.state_dict() for c in self.curricula],
             "mixture": self.sampler.state_dict(),
+            "task_filter": self.task_filter.state_dict() if self.task_filter else None,
+            "curve_steps": list(self.curve_steps),
             "rng": capture_rng(),
             "log_sizes": sizes,
             "warm_started": self.warm_started,
@@ -196,6 +226,9 @@ class Trainer:
             curriculum.load_state_dict(saved)
         if "mixture" in state:
             self.sampler.load_state_dict(state["mixture"])
+        if self.task_filter is not None and state.get("task_filter"):
+            self.task_filter.load_state_dict(state["task_filter"])
+        self.curve_steps = [int(s) for s in state.get("curve_steps", [])]
         self.warm_started = bool(state.get("warm_started", False))
         restore_rng(state["rng"])
         self.step, self.next_group = int(state["step"]), int(state["next_group"])
@@ -212,6 +245,8 @@ class Trainer:
         self.dropped_groups = int(state["dropped_groups"])
         for name, size in state["log_sizes"].items():
             truncate_to(self.run_dir / name, int(size))
+        for name in set(LOG_FILES) - set(state["log_sizes"]):  # a log newer than the checkpoint
+            truncate_to(self.run_dir / name, 0)
 
     def close(self) -> None:
         """Release the weight-sync folder, and the policy when this trainer built it. Idempotent."""
@@ -234,7 +269,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     async def run(self) -> list[dict[str, float]]:
         """Train until ``train.steps``; returns this call's per-step metrics."""
-        tc = self.config.train
+        tc, hc = self.config.train, self.config.heldout
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
         write_train_manifest(
             self.run_dir,
@@ -254,7 +289,11 @@ class Trainer:
                 free()
 
         try:
-            await self._warm_start(factories[0][0])  # before any rollout worker samples
+            from toolgym.training.warm_start_phase import run_warm_start
+
+            await run_warm_start(self, factories[0][0])  # before any rollout worker samples
+            if hc.every and self.step == 0:
+                await self._curve()
         except BaseException:
             release()
             raise
@@ -272,35 +311,35 @@ class Trainer:
                 max_tokens=self.config.sampling.max_tokens, temperature=self.config.sampling.temperature
             ),
             workers=tc.rollout_workers,
-            queue_size=tc.queue_size,
-            per_step=tc.tasks_per_step,
-            max_ahead=tc.max_off_policy_steps,
             start=self.next_group,
+            skip=self.task_filter.skip if self.task_filter is not None else None,
         )
-        pending: dict[int, Group] = {}
+        window = (1 + tc.max_off_policy_steps) * tc.tasks_per_step
+        workers.admit(window, self.policy.policy_version)
         history: list[dict[str, float]] = []
         mixed = self.config.is_mixture
         try:
-            from rich.progress import Progress
-
-            with Progress(transient=True) as progress:
-                bar = progress.add_task("training", total=tc.steps, completed=self.step)
+            with self.progress.task("training", total=tc.steps, completed=self.step) as bar:
                 while self.step < tc.steps:
                     t0 = time.perf_counter()
-                    groups, stale = await self._collect(workers, pending)
-                    wait = time.perf_counter() - t0
-                    t1 = time.perf_counter()
-                    learn = await asyncio.to_thread(self._learn, groups)
-                    # the mixture's weights move before the gate opens (see training.mixture's NOTE)
-                    self.sampler.observe([g.env for g in groups], [g.trajectories for g in groups])
-                    # NOTE (staleness): the gate opens only after the update, so with look-ahead 0
-                    # every group of the next step is sampled by the new weights.
-                    await workers.advance(self.next_group)
+                    kept, stale, dropped = await self._collect(workers)
+                    wait, t1 = time.perf_counter() - t0, time.perf_counter()
+                    result = await self._learn(kept, workers)
+                    drawn = [g for g in kept] + [g for g, why in dropped if why != "stale"]
+                    # the mixture's weights and the task filter move before the next groups are admitted
+                    self.sampler.observe([g.env for g in drawn], [g.trajectories for g in drawn])
+                    if self.task_filter is not None:
+                        self.task_filter.observe([(g.task_id, g.trajectories) for g in drawn])
                     self.step += 1
-                    events = observe_curricula(self.curricula, self.env_names if mixed else None, groups)
+                    events = observe_curricula(self.curricula, self.env_names if mixed else None, drawn)
+                    workers.admit(max(window - workers.outstanding, 0), self.policy.policy_version)
+                    records = group_records(kept, result, dropped)
+                    curriculum = mixture_metrics(self, drawn) if mixed else self.curriculum.metrics()
+                    if self.task_filter is not None:
+                        curriculum = {**curriculum, **self.task_filter.metrics()}
                     metrics = step_metrics(
-                        groups,
-                        learn,
+                        records,
+                        result,
                         config=self.config,
                         step=self.step,
                         policy_version=self.policy.policy_version,
@@ -308,19 +347,19 @@ class Trainer:
                         dropped_groups=self.dropped_groups,
                         wait=wait,
                         t_learn=time.perf_counter() - t1,
-                        curriculum=mixture_metrics(self, groups) if mixed else self.curriculum.metrics(),
+                        curriculum=curriculum,
                     )
+                    if hc.every and self.step % hc.every == 0:
+                        metrics.update({k: v for k, v in (await self._curve()).items() if k != "step"})
                     names = self.env_names if mixed else None
-                    write_step(self.run_dir, self.step, groups, learn, metrics, events, names)
-                    track_step(self.trackers, self.step, groups, learn, metrics)
+                    write_step(self.run_dir, self.step, records, metrics, events, names)
+                    track_step(self.trackers, self.step, records, metrics)
                     self.last_metrics = metrics
                     history.append(metrics)
                     if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 or self.step == tc.steps:
                         save_checkpoint(self.run_dir, self.state_dict())
                         export_checkpoint(self.run_dir, self.model, self.policy, step=self.step)
-                    progress.update(
-                        bar, completed=self.step, description=f"reward {metrics['reward/mean']:.3f}"
-                    )
+                    bar.update(self.step, note=_step_note(metrics))
         finally:
             try:
                 await workers.close()
@@ -328,102 +367,55 @@ class Trainer:
                 release()
         return history
 
-    async def _warm_start(self, make: Any) -> None:
-        """The configured warm start, once per run (:mod:`toolgym.training.warm_start`), checkpointed.
-
-        It runs before the rollout workers sample anything (they wait for version 0 to be consumed),
-        ends with a weight sync and a version bump like an RL step, and is saved as a step-0
-        checkpoint and export, so a resumed run never repeats it and the warm-started policy can be
-        evaluated on its own (``run:DIR@0``).
-        """
-        ws = self.config.warm_start
-        if not ws.enabled or self.warm_started:
-            return
-        from rich.progress import Progress
-
-        from toolgym.training.warm_start import (
-            fine_tune,
-            reference_demonstrator,
-            rejection_sample,
-            summarize,
-        )
-
-        started = time.perf_counter()
-        policy_for = (
-            reference_demonstrator(self.config.env.id, dict(self.config.env.kwargs), self.policy)
-            if ws.source == "reference"
-            else None
-        )
-        with Progress(transient=True) as progress:
-            bar = progress.add_task(f"warm start ({ws.source}): episodes", total=None)
-            episodes, kept = await rejection_sample(
-                make,
-                self.policy,
-                self.harness,
-                self.task_ids,
-                ws,
-                seed=self.config.train.seed + 1_000_003,
-                max_tokens=self.config.sampling.max_tokens,
-                max_total_tokens=self.config.env.max_total_tokens,
-                progress=lambda done, total: progress.update(bar, completed=done, total=total),
-                policy_for=policy_for,
-            )
-        log.info("warm start: kept %d of %d episodes; fine-tuning", len(kept), len(episodes))
-        losses = await asyncio.to_thread(
-            fine_tune, self.model, kept, ws, seed=self.config.train.seed, lock=self._weights_lock
-        )
-        with self._weights_lock:
-            if self.weight_sync is not None:
-                self.weight_sync.sync(self.model, self.policy.policy_version + 1)
-            else:
-                self.policy.policy_version += 1
-        if self.reference is not None:  # the KL anchors to the warm-started policy
-            self.reference.load_state_dict(self.model.state_dict())
-        self.warm_started = True
-        result = summarize(episodes, kept, losses, started)
-        result.write(self.run_dir)
-        log.info("warm start: %s", result.to_dict())
-        save_checkpoint(self.run_dir, self.state_dict())
-        export_checkpoint(self.run_dir, self.model, self.policy, step=0)
-
     async def _collect(
-        self, workers: RolloutWorkers, pending: dict[int, Group]
-    ) -> tuple[list[Group], list[int]]:
-        """The next ``tasks_per_step`` fresh groups, in index order; stale ones are dropped and counted."""
+        self, workers: RolloutWorkers
+    ) -> tuple[list[Group], list[int], list[tuple[Group, str]]]:
+        """The step's groups in index order: ``(kept, their staleness, dropped with the reason)``.
+
+        A group more than ``max_off_policy_steps`` versions old is dropped as ``stale``; with
+        ``dynamic_sampling`` a group without reward variance is dropped as ``zero_variance``. Each drop
+        admits a replacement at the current version while the step's budget allows.
+        """
         tc = self.config.train
-        groups: list[Group] = []
+        version = self.policy.policy_version
+        kept: list[Group] = []
         staleness: list[int] = []
-        while len(groups) < tc.tasks_per_step:
-            while self.next_group not in pending:
-                error = workers.failed()
-                if error is not None:
-                    raise error
-                try:
-                    group = await asyncio.wait_for(workers.queue.get(), timeout=0.5)
-                except TimeoutError:
-                    continue
-                pending[group.index] = group
-            group = pending.pop(self.next_group)
+        dropped: list[tuple[Group, str]] = []
+        drawn, budget, ahead = 0, tc.group_budget, tc.max_off_policy_steps * tc.tasks_per_step
+        while len(kept) < tc.tasks_per_step and drawn < budget:
+            if workers.outstanding == 0:
+                workers.admit(1, version)
+            group = await workers.next()
             self.infra_guard.observe(group)  # raises InfraDown when the infrastructure stays down
-            self.next_group += 1
-            age = self.policy.policy_version - group.policy_version
+            self.next_group = group.index + 1
+            age = version - group.policy_version
             if age > tc.max_off_policy_steps:
                 self.dropped_groups += 1
-                await workers.advance(self.next_group)  # a replacement may start now, at this version
+                dropped.append((group, "stale"))
+                workers.admit(1, version)  # a replacement starts now, at this version
+                continue
+            drawn += 1
+            if tc.dynamic_sampling and not informative(group.trajectories, tc.format_credit, tc.answer_tool):
+                dropped.append((group, "zero_variance"))
+                if drawn + max(workers.outstanding - ahead, 0) < budget:
+                    workers.admit(1, version)
                 continue
             staleness.append(age)
-            groups.append(group)
-        return groups, staleness
+            kept.append(group)
+        if not kept:
+            self.progress.line(f"step {self.step + 1}: no informative group among {drawn} drawn")
+            log.warning(
+                "step %d: none of the %d groups drawn had reward variance (train.max_groups_per_step = %d): "
+                "no optimizer step this step",
+                self.step + 1,
+                drawn,
+                budget,
+            )
+        return kept, staleness, dropped
 
-    def _learn(self, groups: Sequence[Group]) -> dict[str, Any]:
-        """One optimizer step on the groups' mask-1 tokens (runs in a thread; the workers keep sampling).
-
-        Plan the step (learner rewards -> group advantages -> the samples that train), accumulate the
-        clipped loss's gradient micro-batch by micro-batch, then clip, step and sync the weights. With
-        ``train.share_prefix`` each group is scored on its own, its shared prompt prefix computed once
-        (:mod:`toolgym.training.prefix`: same logprobs and gradient, a fraction of the compute);
-        without it the step's samples stream through micro-batches in order, each a full forward pass.
-        """
+    async def _learn(self, groups: Sequence[Group], workers: RolloutWorkers | None = None) -> StepResult:
+        """Steps 2-3: plan and accumulate the gradient (in a thread, the workers keep sampling), then
+        wait for the current version's groups and publish the update."""
         tc = self.config.train
         plan = plan_step(
             [g.trajectories for g in groups],
@@ -433,67 +425,70 @@ class Trainer:
             normalize_std=tc.normalize_std,
             skip_zero_variance=tc.skip_zero_variance,
         )
-        for sample in plan.samples:
-            check_token_receipt(sample.trajectory)
-        total = plan.tokens  # every micro-batch's loss is divided by the step's token count
-        sums = LossSums()
-        self.optimizer.zero_grad(set_to_none=True)
-        for unit in plan.groups if tc.share_prefix else (plan.samples,):
-            seqs = [s.trajectory.token_ids for s in unit]
-            temperature, share_prefix = self.config.sampling.temperature, tc.share_prefix
-            masks = [s.trajectory.loss_mask for s in unit]  # where the loss reads logprobs
-            policy = SequenceScorer(
-                self.model, seqs, temperature=temperature, share_prefix=share_prefix, masks=masks
-            )
-            reference = None
-            if self.reference is not None:  # the KL's reference model: scored the same way, no graph
-                reference = SequenceScorer(
-                    self.reference,
-                    seqs,
-                    grad=False,
-                    temperature=temperature,
-                    share_prefix=share_prefix,
-                    masks=masks,
-                )
-            for chunk in micro_batches(unit, tc.micro_batch):
-                batch = pack_batch(chunk, device=policy.device)
-                read = [s.trajectory.loss_mask for s in chunk]
-                logp = policy.logprobs(batch.sequences, read)
-                terms = clipped_pg_loss(
-                    logp,
-                    batch.behaviour,
-                    batch.advantages,
-                    batch.mask,
-                    clip_low=tc.clip_low,
-                    clip_high=tc.clip_high,
-                    kl_coef=tc.kl_coef,
-                    logp_ref=None if reference is None else reference.logprobs(batch.sequences, read),
-                    num_tokens=total,
-                )
-                terms.loss.backward()
-                sums = sums.add(terms, mismatch_kl(batch.behaviour, logp, batch.mask, total))
-            policy.backward()  # the shared prefix's share of the gradient, once per group
-        grad_norm = 0.0
-        sync: dict[str, float] = {}
-        # NOTE (weight sync): an hf/tiny policy samples from this very module; the update and the
-        # version bump happen under its weights lock so that no completion mixes two weight versions.
-        # A vLLM engine is updated in place (its load_weights sets policy_version); completions that
-        # span the reload report their oldest version, so staleness stays conservative.
+        self.optimizer.zero_grad()
+        losses = await asyncio.to_thread(
+            accumulate_gradients,
+            self.model,
+            plan,
+            tc.loss_config(),
+            micro_batch=tc.micro_batch,
+            temperature=self.config.sampling.temperature,
+            share_prefix=tc.share_prefix,
+            reference=self.reference,
+        )
+        lr = self.optimizer.lr
+        updated = bool(plan.samples)
+        if updated and workers is not None:
+            await workers.drain(self.policy.policy_version)  # NOTE (determinism): see the module docstring
+        grad_norm, sync = await asyncio.to_thread(self._publish, plan) if updated else (0.0, {})
+        self.optimizer.zero_grad()
+        return StepResult(
+            advantages=plan.advantages,
+            trained=plan.trained(),
+            informative=len(plan.groups),
+            zero_variance=plan.zero_variance,
+            losses=losses,
+            tokens=plan.tokens,
+            sequences=len(plan.samples),
+            grad_norm=grad_norm,
+            lr=lr,
+            updated=updated,
+            sync=sync,
+        )
+
+    def _publish(self, plan: StepPlan) -> tuple[float, dict[str, float]]:
+        """Step and publish the weights as the next version (under the weights lock).
+
+        NOTE (weight sync): an hf/tiny policy samples from this very module; the update and the version
+        bump happen under its weights lock so that no completion mixes two weight versions. A vLLM
+        engine is updated in place (its load_weights sets policy_version).
+        """
         with self._weights_lock:
-            if plan.samples:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
-                self.optimizer.step()
+            grad_norm = self.optimizer.step(self.config.train.max_grad_norm)
             if self.weight_sync is not None:
-                sync = self.weight_sync.sync(self.model, self.policy.policy_version + 1)
-            else:
-                self.policy.policy_version += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        return {
-            "advantages": plan.advantages,
-            "zero_variance": plan.zero_variance,
-            "trained": {id(s.episode or s.trajectory) for s in plan.samples},
-            **sums.as_dict(),
-            "grad_norm": grad_norm,
-            "tokens": total,
-            "sync": sync,
-        }
+                return grad_norm, self.weight_sync.sync(self.model, self.policy.policy_version + 1)
+            self.policy.policy_version += 1
+        return grad_norm, {}
+
+    async def _curve(self) -> dict[str, float]:
+        """A held-out curve point of the current weights (``heldout.every``), once per step."""
+        from toolgym.training.heldout_curve import curve_point
+
+        if self.step in self.curve_steps:
+            return {}
+        with self.progress.task(f"held-out curve at step {self.step}"):
+            point = await curve_point(self.config, self.run_dir, self.policy, self.step, self.task_ids)
+        self.curve_steps.append(self.step)
+        self.progress.line(f"held-out curve at step {self.step}: {_curve_note(point)}")
+        return point
+
+
+def _step_note(metrics: dict[str, float]) -> str:
+    return (
+        f"reward {metrics['reward/mean']:.3f}, informative groups {int(metrics['groups/informative'])}"
+        f"/{int(metrics['groups/drawn'])}, tokens {int(metrics['loss/tokens'])}, learn {metrics['time/learn']:.1f} s"
+    )
+
+
+def _curve_note(point: dict[str, float]) -> str:
+    return ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in point.items() if k.endswith("/reward"))

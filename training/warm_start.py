@@ -55,7 +55,8 @@ class WarmStartConfig:
             template. Either way only episodes the verifier rewards (``min_reward``) are kept.
         tasks: how many of the trainer's tasks to use (0 = all of them): a seeded random choice, so
             that they spread over the whole task list rather than its first documents.
-        tools: the tool set offered while sampling (empty = every tool of the environment).
+        tools: the tool set offered while sampling (empty = the first curriculum stage's tools, so
+            the demonstrations show the prompt RL starts from; every tool without a curriculum).
         min_reward: keep an episode when its verifier reward is at least this.
         keep_per_task: at most this many kept episodes per task (the highest rewards; 0 = no cap), so
             that easy tasks do not dominate the fine-tune.
@@ -64,6 +65,10 @@ class WarmStartConfig:
         lr: AdamW learning rate of the fine-tune (its own optimizer; RL's starts fresh).
         micro_batch: sequences per forward/backward pass.
         concurrency: episodes sampled at once (the hf policy batches them).
+        reuse: a training run directory (or its ``export/step-000000``) whose warm start this one
+            is: its step-0 export is loaded instead of sampling and fine-tuning again. Refused, with
+            the fields named, unless that run's environment, policy model and ``[warm_start]``
+            settings (``reuse`` aside) equal this config's.
     """
 
     samples: int = 0
@@ -77,6 +82,7 @@ class WarmStartConfig:
     lr: float = 2e-5
     micro_batch: int = 4
     concurrency: int = 8
+    reuse: str = ""
 
     def __post_init__(self) -> None:
         if self.source not in ("self", "reference"):
@@ -115,6 +121,8 @@ class WarmStartResult:
     seconds: float
     infra_errors: int = 0
     kept_task_ids: tuple[str, ...] = field(default_factory=tuple)
+    #: the tools the demonstrations' prompt offered (empty: every tool of the environment)
+    tools: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +137,7 @@ class WarmStartResult:
             "seconds": self.seconds,
             "infra_errors": self.infra_errors,
             "kept_task_ids": list(self.kept_task_ids),
+            "tools": list(self.tools),
         }
 
     def write(self, run_dir: str | Path) -> Path:
@@ -353,7 +362,12 @@ def fine_tune(
 
 
 def summarize(
-    episodes: Sequence[Trajectory], kept: Sequence[Trajectory], losses: Sequence[float], started: float
+    episodes: Sequence[Trajectory],
+    kept: Sequence[Trajectory],
+    losses: Sequence[float],
+    started: float,
+    *,
+    tools: tuple[str, ...] = (),
 ) -> WarmStartResult:
     """The :class:`WarmStartResult` of one warm start."""
     scored = [t for t in episodes if t.status != "infra_error"]
@@ -370,4 +384,5 @@ def summarize(
         seconds=time.perf_counter() - started,
         infra_errors=len(episodes) - len(scored),
         kept_task_ids=tuple(sorted({t.task_id for t in kept})),
+        tools=tools,
     )

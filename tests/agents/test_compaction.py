@@ -18,7 +18,7 @@ from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.errors import ConfigError
 from toolgym.parsing import format_tool_call
-from toolgym.training.batching import plan_step
+from toolgym.training.grpo import plan_step
 from toolgym.training.loss import check_token_receipt
 
 PAGE = "kiwi " * 100  # 500 characters: 500 byte tokens

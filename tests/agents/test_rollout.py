@@ -100,6 +100,16 @@ def test_a_length_cut_turn_is_played_and_ends_sampling():
     assert env.calls == 0 and trajectory.metrics["env/turn_truncated"] == 1.0
 
 
+def test_an_episode_the_rollout_ends_keeps_the_envs_tool_counters():
+    # turn 1 calls the tool (57 sampled ids with <|im_end|>), turn 2 is cut at 60: the rollout ends the
+    # episode, and the env's counters (which the learner's format credit reads) must still be there
+    env = EchoEnv(max_turns=3)
+    cut = '<tool_call>{"name": "word", "arguments": {"note": "' + "x" * 80
+    trajectory = run(env, ScriptedPolicy([TURNS[0], cut]), sampling=SamplingParams(max_tokens=60))
+    assert trajectory.stop_reason == "turn_truncated" and env.calls == 1
+    assert trajectory.metrics["tool/word/calls"] == 1.0 and trajectory.metrics["env/parse_errors"] == 1.0
+
+
 def test_infra_error_marks_the_trajectory_and_scores_nothing():
     trajectory = run(EchoEnv(broken=True), ScriptedPolicy(TURNS))
     assert trajectory.status == "infra_error" and trajectory.reward == 0.0

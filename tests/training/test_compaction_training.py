@@ -46,13 +46,14 @@ def test_a_learner_step_trains_every_segment(tmp_path: Path, share: bool) -> Non
     ]
     trainer = Trainer(load_config(None, overrides), tmp_path)
     try:
-        learn = trainer._learn([Group(index=0, task_id="t", trajectories=(compacted, failed))])
+        learn = asyncio.run(trainer._learn([Group(index=0, task_id="t", trajectories=(compacted, failed))]))
     finally:
         trainer.close()
     # every sampled token of every segment is in the loss, each once
-    assert learn["tokens"] == compacted.metrics["tokens/sampled"] + failed.metrics["tokens/sampled"]
-    assert learn["trained"] == {id(compacted), id(failed)} and learn["grad_norm"] > 0.0
-    advantage = learn["advantages"][0]
+    assert learn.tokens == compacted.metrics["tokens/sampled"] + failed.metrics["tokens/sampled"]
+    assert learn.trained == ((True, True),) and learn.grad_norm > 0.0 and learn.updated
+    assert learn.sequences == len(compacted.segments) + 1 + 1
+    advantage = learn.advantages[0]
     assert advantage[0] > 0 > advantage[1]
 
 

@@ -11,15 +11,15 @@ import torch
 from builders import trajectory
 
 from toolgym.core import Trajectory
-from toolgym.training.advantages import group_advantages
+from toolgym.training.advantages import group_advantages, has_variance
 from toolgym.training.batching import (
     LossSums,
     Sample,
     common_prefix_length,
     micro_batches,
     pack_batch,
-    plan_step,
 )
+from toolgym.training.grpo import plan_step
 from toolgym.training.loss import (
     TokenFidelityError,
     check_token_receipt,
@@ -41,6 +41,22 @@ def test_group_advantages_mean_only() -> None:
 
 def test_group_advantages_constant_group_is_zero() -> None:
     assert group_advantages([0.5, 0.5, 0.5]) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("value", [0.2, 0.1, 1 / 3, 0.7, 0.2 + 1e-12])
+@pytest.mark.parametrize("size", [3, 6, 7])
+def test_group_advantages_non_dyadic_constant_groups_are_exactly_zero(value: float, size: int) -> None:
+    # the float mean of six 0.2s is not 0.2: centring leaves about 2.8e-11, which AdamW would turn into
+    # a full-size step; equal rewards must give exactly 0, normalised or not
+    assert group_advantages([value] * size) == [0.0] * size
+    assert group_advantages([value] * size, normalize_std=False) == [0.0] * size
+    assert not has_variance([value] * size) and has_variance([value] * (size - 1) + [value + 1e-6])
+
+
+def test_plan_step_skips_a_non_dyadic_constant_group() -> None:
+    flat = [_scored(0.0, metrics={"tool/answer/calls": 1.0, "tool/search/calls": 1.0}) for _ in range(6)]
+    plan = plan_step([flat], format_credit=0.2)  # every sample earns the same 0.2 of format credit
+    assert plan.zero_variance == 1 and plan.groups == () and plan.advantages == ((0.0,) * 6,)
 
 
 def test_group_advantages_eps_value() -> None:

@@ -1,0 +1,207 @@
+"""``[train]``: the learner and the rollout pipeline (:class:`GRPOConfig`), torch-free.
+
+Its loss variant, learning-rate schedule and LoRA settings are checked where each is defined
+(:class:`~toolgym.training.objective.LossConfig`, :class:`~toolgym.training.optim.ScheduleConfig`,
+:class:`~toolgym.training.lora.LoraSettings`), so every wrong value fails at start-up with its own
+message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolgym.errors import ConfigError, did_you_mean
+from toolgym.training.lora import LoraSettings
+from toolgym.training.objective import LossConfig
+from toolgym.training.optim import ScheduleConfig
+
+__all__ = ["TASK_FILTERS", "GRPOConfig"]
+
+#: Train-split task selection (``train.task_filter``).
+TASK_FILTERS = ("none", "pass_rate")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """The learner and the rollout pipeline.
+
+    Attributes:
+        steps: optimizer steps to run.
+        tasks_per_step: groups per step (distinct tasks).
+        group_size: samples per task (G); advantages are relative within a group.
+        lr, weight_decay, max_grad_norm, betas: AdamW and gradient clipping.
+        clip_low, clip_high: ratio clip range ``[1 - clip_low, 1 + clip_high]``.
+        kl_coef: weight of the k3 KL to the initial model (0 = no reference model is kept).
+        normalize_std: divide advantages by the group's std (GRPO) or only centre them.
+        skip_zero_variance: leave groups whose rewards are all equal out of the loss (no signal).
+        max_off_policy_steps: a group sampled more than this many policy versions ago is dropped; also
+            how far rollouts may run ahead of the learner (0 = fully synchronous and deterministic).
+        rollout_workers: groups generated concurrently.
+        queue_size: finished groups buffered between the workers and the learner.
+        micro_batch: sequences per forward/backward pass in the learner.
+        share_prefix: compute each group's common prompt prefix once per step and score only each
+            sample's suffix against it (same logprobs and gradient up to float rounding, several times
+            less compute); ``false`` runs every sequence in full (the control the learner bench uses).
+        checkpoint_every: steps between checkpoints (0 = only at the end).
+        seed: seeds task order, sampling, the model init (``tiny``) and the curriculum.
+        format_credit: optional shaped credit added to the verifier's reward for the learner only
+            (see :func:`toolgym.training.trainer.shaped_reward`); 0 trains on the verifier's reward alone.
+        answer_tool: name of the environment's terminal tool, for ``format_credit``.
+        backend: where environments run: ``asyncio`` (in-process, the default) or ``ray`` (Ray actors,
+            see :mod:`toolgym.training.ray_backend`; the rollout loop and the policy stay in-process).
+        ray_env_actors: environment actor processes for ``backend = "ray"``.
+        max_infra_groups: consecutive groups whose every sample is ``infra_error`` (retries included)
+            after which the run stops with a message (the infrastructure is down); it resumes from its
+            last checkpoint.
+        loggers: experiment trackers that also receive the metrics, config and trajectories:
+            ``tensorboard``, ``wandb`` (offline); see :mod:`toolgym.trackers`. Empty: files only.
+        loss_agg: how a step's per-token terms become its loss: ``token_mean`` (DAPO), ``seq_mean``
+            (GRPO: each sequence's mean, averaged) or ``constant`` (Dr. GRPO: sums divided by
+            ``loss_constant`` and the number of sequences).
+        loss_constant: the constant normaliser of ``loss_agg = "constant"``, in tokens.
+        ratio: ``token`` (each token's importance ratio) or ``sequence`` (GSPO: one ratio per sequence,
+            the exp of its mean log-ratio, clipped as a whole).
+        dual_clip: cap the loss of negative-advantage tokens at ``dual_clip * |A|`` (> 1; 0 = off).
+        tis_cap: truncated importance sampling of the sampler/learner mismatch, weights capped at this
+            (> 1; 0 = off); the clip is then taken against the learner's own logprobs.
+        lr_schedule: ``constant``, ``linear`` or ``cosine`` (to ``min_lr_ratio * lr`` at the last step).
+        warmup_steps: optimizer steps of linear learning-rate warm-up (0 = none).
+        min_lr_ratio: where ``linear`` and ``cosine`` end, as a share of ``lr``.
+        lora_rank: LoRA adapters of this rank instead of full fine-tuning (0 = full; needs ``peft``,
+            extra ``toolgym[lora]``); exports and vLLM syncs carry merged weights.
+        lora_alpha: LoRA's scale numerator (the adapter is scaled by ``lora_alpha / lora_rank``).
+        lora_targets: the Linear layers that get adapters (by name).
+        lora_dropout: dropout on the adapters' input (0 keeps sampling and scoring identical).
+        dynamic_sampling: drop groups without reward variance (they carry no gradient) and sample
+            replacements until the step has ``tasks_per_step`` informative groups or has drawn
+            ``max_groups_per_step``; dropped groups are logged (``trained: false``) and counted.
+        max_groups_per_step: the most groups one step may draw with ``dynamic_sampling`` (0 = three
+            times ``tasks_per_step``). A step that finds no informative group within it takes no
+            optimizer step, says so, and the run goes on.
+        task_filter: ``none``, or ``pass_rate``: a task whose last group had no reward variance on the
+            train split (solved by every sample, or by none) is skipped the next time the epoch order
+            reaches it (then tried again); only training groups feed it.
+    """
+
+    steps: int = 20
+    tasks_per_step: int = 2
+    group_size: int = 4
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    normalize_std: bool = True
+    skip_zero_variance: bool = True
+    max_off_policy_steps: int = 1
+    rollout_workers: int = 2
+    queue_size: int = 4
+    micro_batch: int = 4
+    share_prefix: bool = True
+    checkpoint_every: int = 1
+    seed: int = 0
+    format_credit: float = 0.0
+    answer_tool: str = "answer"
+    backend: str = "asyncio"
+    ray_env_actors: int = 2
+    max_infra_groups: int = 4
+    loggers: tuple[str, ...] = ()
+    loss_agg: str = "token_mean"
+    loss_constant: int = 256
+    ratio: str = "token"
+    dual_clip: float = 0.0
+    tis_cap: float = 0.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LoraSettings().targets
+    lora_dropout: float = 0.0
+    dynamic_sampling: bool = False
+    max_groups_per_step: int = 0
+    task_filter: str = "none"
+
+    def __post_init__(self) -> None:
+        from toolgym.trackers import parse_trackers
+
+        object.__setattr__(self, "loggers", parse_trackers(self.loggers))
+        for name in (
+            "steps",
+            "tasks_per_step",
+            "group_size",
+            "rollout_workers",
+            "queue_size",
+            "micro_batch",
+            "max_infra_groups",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ConfigError(
+                "train.group_size must be >= 2: group-relative advantages need at least two samples"
+            )
+        if self.backend not in ("asyncio", "ray"):
+            raise ConfigError(
+                f"train.backend must be 'asyncio' or 'ray', got {self.backend!r}."
+                f"{did_you_mean(self.backend, ['asyncio', 'ray'])}"
+            )
+        if self.ray_env_actors < 1:
+            raise ConfigError(f"train.ray_env_actors must be >= 1, got {self.ray_env_actors}")
+        if self.max_off_policy_steps < 0 or self.checkpoint_every < 0:
+            raise ConfigError("train.max_off_policy_steps and train.checkpoint_every must be >= 0")
+        if self.lr < 0:
+            raise ConfigError(f"train.lr must be >= 0 (0: the control run, no update), got {self.lr}")
+        self.loss_config()  # each is checked where it is defined, with its own message
+        self.schedule_config()
+        self.lora_settings()
+        if self.max_groups_per_step < 0:
+            raise ConfigError(
+                f"train.max_groups_per_step must be >= 0 (0 = automatic), got {self.max_groups_per_step}"
+            )
+        if self.dynamic_sampling and 0 < self.max_groups_per_step < self.tasks_per_step:
+            raise ConfigError(
+                f"train.max_groups_per_step ({self.max_groups_per_step}) is below train.tasks_per_step "
+                f"({self.tasks_per_step}): a step could never fill; raise it or set 0 (automatic)"
+            )
+        if self.task_filter not in TASK_FILTERS:
+            raise ConfigError(
+                f"train.task_filter must be one of {', '.join(TASK_FILTERS)}, got {self.task_filter!r}."
+                f"{did_you_mean(self.task_filter, TASK_FILTERS)}"
+            )
+
+    def loss_config(self) -> LossConfig:
+        """The step's surrogate (:class:`~toolgym.training.loss.LossConfig`)."""
+        return LossConfig(
+            agg=self.loss_agg,
+            constant_norm=self.loss_constant,
+            ratio=self.ratio,
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            dual_clip=self.dual_clip,
+            tis_cap=self.tis_cap,
+            kl_coef=self.kl_coef,
+        )
+
+    def schedule_config(self) -> ScheduleConfig:
+        """The learning-rate schedule over ``steps`` optimizer steps."""
+        return ScheduleConfig(
+            name=self.lr_schedule,
+            warmup_steps=self.warmup_steps,
+            total_steps=self.steps,
+            min_lr_ratio=self.min_lr_ratio,
+        )
+
+    def lora_settings(self) -> LoraSettings:
+        return LoraSettings(
+            rank=self.lora_rank, alpha=self.lora_alpha, targets=self.lora_targets, dropout=self.lora_dropout
+        )
+
+    @property
+    def group_budget(self) -> int:
+        """Groups one step may draw: ``tasks_per_step`` without dynamic sampling."""
+        if not self.dynamic_sampling:
+            return self.tasks_per_step
+        return self.max_groups_per_step or 3 * self.tasks_per_step

@@ -1,0 +1,72 @@
+"""The held-out curve: the training policy itself, evaluated greedily on a fixed test slice during training.
+
+"Is it generalising?" is the first thing a researcher looks at, and the answer should not wait for the
+run's end. With ``heldout.every = N`` the trainer evaluates, before the first step and after every
+``N``-th, the policy it is training: the same object that samples the rollouts (the hf module, or the
+vLLM engine after its weight sync), greedy, on ``heldout.curve_n`` tasks of the held-out split (one
+seeded choice, the same at every point) and on ``heldout.curve_harnesses``. Each point is an ordinary
+``toolgym eval`` directory (``RUN/heldout_curve/step-NNNNNN``, resumable); its means go to
+``heldout_curve.jsonl`` and into that step's ``metrics.jsonl`` row (``heldout_curve/<track>/reward``
+and ``.../em``), and ``toolgym report`` draws them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from toolgym.core import Policy
+
+__all__ = ["CURVE_FILE", "curve_point", "read_curve"]
+
+CURVE_FILE = "heldout_curve.jsonl"
+
+
+async def curve_point(
+    config: Any, run_dir: str | Path, policy: Policy, step: int, train_task_ids: Sequence[str]
+) -> dict[str, float]:
+    """Evaluate ``policy`` on the curve's slice; append the point to ``heldout_curve.jsonl`` and return it."""
+    from toolgym.agents.evaluate import evaluate
+    from toolgym.core import SamplingParams
+    from toolgym.training.heldout import check_disjoint
+
+    hc = config.heldout
+    run_dir = Path(run_dir)
+    env_kwargs = {**dict(config.env.kwargs), **dict(hc.kwargs), "split": hc.split}
+    report = await evaluate(
+        config.env.id,
+        lambda: policy,
+        hc.curve_harnesses or hc.harnesses,
+        n=hc.curve_n,
+        seed=hc.seed,
+        concurrency=hc.concurrency,
+        sampling=SamplingParams(max_tokens=hc.max_tokens, temperature=0.0),
+        max_total_tokens=hc.max_total_tokens or config.env.max_total_tokens,
+        out_dir=run_dir / "heldout_curve" / f"step-{step:06d}",
+        env_kwargs=env_kwargs,
+        policy_label=f"train@{step}",
+        policy_info={"run": str(run_dir), "step": step, "policy_version": int(policy_version(policy))},
+    )
+    check_disjoint(train_task_ids, report.task_ids)
+    point: dict[str, float] = {"step": float(step)}
+    for track in report.tracks:
+        point[f"heldout_curve/{track.harness}/reward"] = track.reward
+        point[f"heldout_curve/{track.harness}/em"] = track.metrics.get("reward/em", track.success)
+    with (run_dir / CURVE_FILE).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(point) + "\n")
+    return point
+
+
+def policy_version(policy: Any) -> int:
+    return int(getattr(policy, "policy_version", 0))
+
+
+def read_curve(run_dir: str | Path) -> list[dict[str, float]]:
+    """The curve's points, in step order (empty without a curve)."""
+    path = Path(run_dir) / CURVE_FILE
+    if not path.is_file():
+        return []
+    points = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sorted(points, key=lambda p: p["step"])

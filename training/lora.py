@@ -1,0 +1,142 @@
+"""LoRA for the learner through ``peft``: adapters injected into the model in place, merged for export.
+
+Why in place. The ``hf`` policy samples from the very module the learner trains, so the adapters must
+live inside that module: :func:`apply_lora` uses ``peft.inject_adapter_in_model``, which replaces each
+target ``Linear`` by a LoRA layer wrapping it, in the same model object; the policy's generation and
+the learner's scoring both run through the adapters, and only the adapters' parameters train
+(``requires_grad`` is turned off everywhere else). A ``vllm`` policy's learner copy gets the same
+treatment; the engine receives merged weights.
+
+Merged weights. Exports and weight syncs hand out the model under its original tensor names with each
+adapter folded in (``W + B @ A * alpha / r``, :func:`plain_state_dict`), so an export is an ordinary
+model directory and the vLLM engine reloads ordinary weights. Checkpoints keep the adapters
+themselves (a resume re-applies LoRA before loading them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toolgym.errors import ConfigError, MissingDependencyError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["LoraSettings", "apply_lora", "is_lora", "plain_state_dict", "trainable_count"]
+
+_ADAPTER = "default"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA's shape: rank ``rank`` (0 = full fine-tuning), scale ``alpha / rank``, which Linear layers."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ConfigError(f"train.lora_rank must be >= 0 (0 = full fine-tuning), got {self.rank}")
+        if self.rank and not self.targets:
+            raise ConfigError("train.lora_targets must name at least one Linear layer (e.g. q_proj)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"train.lora_dropout must lie in [0, 1), got {self.dropout}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+def _require_peft() -> Any:
+    try:
+        import peft
+    except ImportError as exc:
+        raise MissingDependencyError("peft", "lora", "LoRA training (train.lora_rank > 0)") from exc
+    return peft
+
+
+def apply_lora(model: torch.nn.Module, settings: LoraSettings, *, seed: int = 0) -> torch.nn.Module:
+    """Inject LoRA adapters into ``model`` in place and freeze everything else; returns ``model``.
+
+    Raises:
+        ConfigError: the model has none of the target layers, or is not a module peft can adapt.
+        MissingDependencyError: ``peft`` is not installed (extra ``toolgym[lora]``).
+    """
+    import torch
+
+    if not settings.enabled:
+        return model
+    peft = _require_peft()
+    linear = sorted(
+        {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    )
+    missing = [t for t in settings.targets if t not in linear]
+    if missing or not linear:
+        raise ConfigError(
+            f"LoRA cannot adapt {type(model).__name__}: it has no Linear layers named {missing or list(settings.targets)}"
+            f" (its Linear layers: {', '.join(linear) or 'none'}); set train.lora_targets to some of them, "
+            "or train.lora_rank = 0 for full fine-tuning"
+        )
+    config = peft.LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.targets),
+        bias="none",
+    )
+    model.requires_grad_(False)
+    with torch.random.fork_rng():  # the adapters' init is part of the run's seed, not of global state
+        torch.manual_seed(seed)
+        peft.inject_adapter_in_model(config, model, adapter_name=_ADAPTER)
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)
+    return model
+
+
+def _lora_layers(model: torch.nn.Module) -> list[tuple[str, Any]]:
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        return []
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """Whether LoRA adapters are injected into ``model``."""
+    return bool(_lora_layers(model))
+
+
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights under its original names, adapters merged in (its own ``state_dict`` without LoRA).
+
+    The merged tensors are new (detached) tensors; nothing in the model changes.
+    """
+    import torch
+
+    layers = _lora_layers(model)
+    state = model.state_dict()
+    if not layers:
+        return state
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        if "lora_" in key:
+            continue
+        out[key.replace(".base_layer.", ".")] = tensor
+    with torch.no_grad():
+        for name, layer in layers:
+            weight = f"{name}.weight"
+            delta = layer.get_delta_weight(_ADAPTER).to(out[weight].dtype)
+            out[weight] = out[weight].detach() + delta
+    return out
+
+
+def trainable_count(params: Sequence[torch.nn.Parameter] | Any) -> int:
+    """Number of trainable scalars (a model's, or a list of parameters')."""
+    import torch
+
+    items = params.parameters() if isinstance(params, torch.nn.Module) else params
+    return sum(p.numel() for p in items if p.requires_grad)

@@ -1,0 +1,71 @@
+"""Progress of a training run: a live bar on a terminal, one plain line per phase and per step otherwise.
+
+``toolgym train ... > log`` must still say what it is doing: rich draws its bars only on a terminal, so
+when the output is not one, :class:`RunProgress` prints a timestamped line when a phase starts, at
+every tenth of a phase's items, and at every training step instead.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+__all__ = ["RunProgress"]
+
+
+class _Task:
+    def __init__(self, owner: RunProgress, name: str, total: float | None, completed: float) -> None:
+        self.owner, self.name, self.total, self.completed = owner, name, total, completed
+        self._bar: Any = None
+        self._shown = -1
+
+    def update(self, completed: float, *, total: float | None = None, note: str = "") -> None:
+        """Move the bar (or print a line: always with ``note``, else at each tenth of ``total``)."""
+        self.completed = completed
+        if total is not None:
+            self.total = total
+        if self._bar is not None:
+            self.owner._rich.update(
+                self._bar, completed=completed, total=self.total, description=f"{self.name} {note}".strip()
+            )
+            return
+        tenth = int(10 * completed / self.total) if self.total else -1
+        if note or (tenth > self._shown):
+            self._shown = tenth
+            of = f"/{int(self.total)}" if self.total else ""
+            self.owner.line(f"{self.name}: {int(completed)}{of}{' ' + note if note else ''}")
+
+
+class RunProgress:
+    """Bars on a terminal (rich), plain lines elsewhere; ``stream`` defaults to stdout."""
+
+    def __init__(self, stream: TextIO | None = None, *, terminal: bool | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        self.terminal = self.stream.isatty() if terminal is None else terminal
+        self._rich: Any = None
+
+    def line(self, text: str) -> None:
+        """One timestamped line (not on a terminal, where the bars say it)."""
+        if not self.terminal:
+            print(f"[{time.strftime('%H:%M:%S')}] {text}", file=self.stream, flush=True)
+
+    @contextmanager
+    def task(self, name: str, total: float | None = None, completed: float = 0) -> Iterator[_Task]:
+        """A phase with ``total`` items (``None``: unknown yet); its line opens it when not on a terminal."""
+        task = _Task(self, name, total, completed)
+        if not self.terminal:
+            self.line(f"{name}: started" + (f" ({int(total)} to do)" if total else ""))
+            yield task
+            return
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            self._rich = progress
+            task._bar = progress.add_task(name, total=total, completed=completed)
+            try:
+                yield task
+            finally:
+                self._rich = None

@@ -1,0 +1,156 @@
+"""The warm-start phase of a training run: sample demonstrations, fine-tune, or reuse an earlier run's.
+
+:func:`run_warm_start` is what the trainer calls before its first rollout (the pieces it uses, and why a
+warm start exists, are in :mod:`toolgym.training.warm_start`); :func:`reuse_warm_start` loads the
+step-0 export of an earlier run with the same settings instead (``warm_start.reuse``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from toolgym.errors import ConfigError
+from toolgym.training.warm_start import (
+    WarmStartResult,
+    fine_tune,
+    reference_demonstrator,
+    rejection_sample,
+    summarize,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["WARM_START_KEYS", "reuse_warm_start", "run_warm_start"]
+
+
+async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
+    """The configured warm start of ``trainer``'s run, once (a resumed run never repeats it), checkpointed.
+
+    It runs before any rollout worker samples, ends with a weight sync and a version bump like an RL
+    step, and is saved as a step-0 checkpoint and export, so the warm-started policy can be evaluated
+    on its own (``run:DIR@0``; the held-out control arm). With ``warm_start.reuse`` the export of an
+    earlier run with the same settings is loaded instead.
+    """
+    import asyncio
+
+    from toolgym.training.checkpoint import save_checkpoint
+    from toolgym.training.export import export_checkpoint
+
+    config = trainer.config
+    ws = config.warm_start
+    if not ws.enabled or trainer.warm_started:
+        return
+    started = time.perf_counter()
+    if ws.reuse:
+        result = reuse_warm_start(ws.reuse, config, trainer.model)
+        trainer.progress.line(f"warm start: reused {ws.reuse}")
+    else:
+        stage0 = trainer.curriculum.config.stages[0] if trainer.curriculum.enabled else ()
+        tools = ws.tools or stage0
+        policy_for = (
+            reference_demonstrator(config.env.id, dict(config.env.kwargs), trainer.policy)
+            if ws.source == "reference"
+            else None
+        )
+        with trainer.progress.task(f"warm start ({ws.source}): episodes") as bar:
+            episodes, kept = await rejection_sample(
+                make_env,
+                trainer.policy,
+                trainer.harness,
+                trainer.task_ids,
+                dataclasses.replace(ws, tools=tuple(tools)),
+                seed=config.train.seed + 1_000_003,
+                max_tokens=config.sampling.max_tokens,
+                max_total_tokens=config.env.max_total_tokens,
+                progress=lambda done, total: bar.update(done, total=total),
+                policy_for=policy_for,
+            )
+        trainer.progress.line(f"warm start: kept {len(kept)} of {len(episodes)} episodes; fine-tuning")
+        losses = await asyncio.to_thread(
+            fine_tune, trainer.model, kept, ws, seed=config.train.seed, lock=trainer._weights_lock
+        )
+        result = summarize(episodes, kept, losses, started, tools=tuple(tools))
+    with trainer._weights_lock:
+        if trainer.weight_sync is not None:
+            trainer.weight_sync.sync(trainer.model, trainer.policy.policy_version + 1)
+        else:
+            trainer.policy.policy_version += 1
+    if trainer.reference is not None:  # the KL anchors to the warm-started policy
+        trainer.reference.load_state_dict(trainer.model.state_dict())
+    trainer.warm_started = True
+    result.write(trainer.run_dir)
+    trainer.progress.line(
+        f"warm start: done in {time.perf_counter() - started:.0f} s (loss {list(result.epoch_losses)})"
+    )
+    save_checkpoint(trainer.run_dir, trainer.state_dict())
+    export_checkpoint(trainer.run_dir, trainer.model, trainer.policy, step=0)
+
+
+def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) -> WarmStartResult:
+    """Load an earlier run's warm-start export into ``model`` and return that run's result.
+
+    Raises:
+        ConfigError: ``source`` is not a run (or step-0 export) with a warm start, or its settings
+            differ from ``config``'s in what decides the warm start (named).
+    """
+    from safetensors.torch import load_file
+
+    from toolgym.training.config import to_dict
+
+    path = Path(source)
+    run = path.parent.parent if path.name == "step-000000" else path
+    export, record, settings = run / "export" / "step-000000", run / "warm_start.json", run / "config.json"
+    if not (export / "model.safetensors").is_file() or not record.is_file() or not settings.is_file():
+        raise ConfigError(
+            f"warm_start.reuse = {str(source)!r}: not a training run with a warm start (it needs "
+            "export/step-000000/model.safetensors, warm_start.json and config.json; exports are pruned to "
+            "the newest two, so pass a run whose step-0 export is still there)"
+        )
+    try:
+        theirs = json.loads(settings.read_text(encoding="utf-8"))
+        result = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"warm_start.reuse: {run} is unreadable ({exc})") from None
+    ours = to_dict(config)
+    differences = [
+        f"{section}.{key}: {theirs.get(section, {}).get(key)!r} there, {ours[section][key]!r} here"
+        for section, keys in WARM_START_KEYS.items()
+        for key in keys
+        if theirs.get(section, {}).get(key) != ours[section][key]
+    ]
+    differences += [
+        f"warm_start.{k}: {theirs.get('warm_start', {}).get(k)!r} there, {v!r} here"
+        for k, v in ours["warm_start"].items()
+        if k != "reuse" and theirs.get("warm_start", {}).get(k) != v
+    ]
+    if differences:
+        raise ConfigError(
+            f"warm_start.reuse = {str(source)!r} is another warm start: {'; '.join(differences)}. "
+            "Reuse a run made with this config's [warm_start], or drop warm_start.reuse to warm-start here"
+        )
+    weights = load_file(str(export / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
+        raise ConfigError(
+            f"warm_start.reuse: {export}'s weights do not fit this model ({(missing + unexpected)[:3]})"
+        )
+    fields = {f.name for f in dataclasses.fields(WarmStartResult)}
+    return WarmStartResult(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in result.items() if k in fields}
+    )
+
+
+#: What decides a warm start besides ``[warm_start]`` itself.
+WARM_START_KEYS = {
+    "env": ("id", "kwargs", "harness", "max_total_tokens", "task_limit", "task_ids"),
+    "policy": ("model",),
+    "sampling": ("max_tokens",),
+    "train": ("seed",),
+    "curriculum": ("stages",),
+}
