@@ -14,19 +14,30 @@ Protocol (JSON over HTTP; :class:`toolgym.remote.RemoteEnv` is its client):
 Failures keep their meaning across the wire: an exception raised by the environment is answered as
 ``{"error": {"type", "message"}}`` with its toolgym class name, and the client raises it again (an
 :class:`~toolgym.errors.InfraError` still makes an ``infra_error`` trajectory; a verifier bug still
-stops the run). Status codes: 400 a bad request (malformed body, oversized action, a step after the
-end), 401 a missing or wrong bearer token, 404 an unknown or expired session, 409 a session busy with
-another request, 503 every session slot taken (``Retry-After``) or an infrastructure failure, 500 an
-environment bug.
+stops the run). Status codes: 400 a bad request (malformed body, a value of the wrong type or range,
+oversized action, a step after the end), 401 a missing or wrong bearer token, 403 a foreign ``Host`` or
+``Origin`` on a loopback bind, 404 an unknown or expired session, 408 a body that did not arrive in
+time, 409 a session busy with another request, 413 a body too large, 415 a body that is not
+``application/json``, 503 every session slot taken (``Retry-After``) or an infrastructure failure,
+500 an environment bug. A client's own mistake, whatever its shape or depth, is never a 500.
 
-Sessions. At most ``max_sessions`` episodes are open at once; one more is refused (503) instead of
-slowing everyone down. A session idle for ``session_timeout`` seconds is closed by a reaper task, so a
-client that disappears leaks nothing; environments are reused across sessions (their episode
-resources released in between) and closed when the server stops.
+Sessions. At most ``max_sessions`` episodes hold an environment at once, counted atomically: a slot is
+taken before the environment is built and given back only once the environment is released, so
+clients opening together cannot exceed the limit; one more is refused (503) instead of slowing
+everyone down. One request at a time runs on a session, and it runs to its end even if its client
+goes away. Ending a session (``DELETE``, the reaper of sessions idle for ``session_timeout`` seconds,
+the server's shutdown) waits for its running step before the episode's resources are released and
+the environment is handed to another session: no step of one session ever runs in another's episode.
+Environments are reused across sessions and closed when the server stops.
 
 Security. Binding a non-loopback address without a bearer token is refused at start: an environment
 server runs code (CodeExec) and reads files on request. ``--token`` (or ``TOOLGYM_SERVE_TOKEN``) makes
-every request but ``/health`` carry ``Authorization: Bearer TOKEN``.
+every request but ``/health`` carry ``Authorization: Bearer TOKEN``. Connection and body limits,
+content types and the ``Host``/``Origin`` checks are :mod:`toolgym.serve_guards`.
+
+Stopping. SIGTERM and SIGINT end the server as a normal exit does: sessions are closed, environments
+released and the process's exit handlers run (CodeExec's sandbox removes its containers); the exit
+status is 128 + the signal number.
 """
 
 from __future__ import annotations
@@ -34,33 +45,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
+import resource
 import secrets
+import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from toolgym.errors import ConfigError, InfraError, MissingDependencyError, ToolgymError
+from toolgym.serve_guards import (
+    BODY_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    MAX_ACTION_CHARS,
+    MAX_BODY_BYTES,
+    Refused,
+    check_browser,
+    check_reset_args,
+    is_loopback,
+    parse_json,
+    read_body,
+    uvicorn_options,
+)
 
-__all__ = ["MAX_ACTION_CHARS", "EnvServer", "create_app", "error_payload", "is_loopback", "serve_command"]
+__all__ = [
+    "MAX_ACTION_CHARS",
+    "MAX_BODY_BYTES",
+    "EnvServer",
+    "create_app",
+    "error_payload",
+    "is_loopback",
+    "serve_command",
+]
 
 log = logging.getLogger(__name__)
 
-MAX_ACTION_CHARS = 1_000_000
 _BAD_REQUEST = ("ConfigError", "ToolCallError", "ToolgymError")
-
-
-def is_loopback(host: str) -> bool:
-    """``True`` for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+_T = TypeVar("_T")
 
 
 def error_payload(exc: BaseException) -> tuple[int, dict[str, Any]]:
@@ -80,8 +103,11 @@ def error_payload(exc: BaseException) -> tuple[int, dict[str, Any]]:
 class _Session:
     env: Any
     last_used: float = field(default_factory=time.monotonic)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    running: asyncio.Task[Any] | None = None  # the request now running on the episode, if any
     done: bool = False
+
+    def busy(self) -> bool:
+        return self.running is not None and not self.running.done()
 
 
 class EnvServer:
@@ -107,6 +133,7 @@ class EnvServer:
         self.max_sessions = max_sessions
         self.session_timeout = session_timeout
         self.sessions: dict[str, _Session] = {}
+        self._held = 0  # slots taken: sessions opening, open, or still releasing their environment
         self._idle: list[Any] = []
         self._all: list[Any] = []
         self._info: dict[str, Any] | None = None
@@ -136,20 +163,33 @@ class EnvServer:
             self._idle.append(probe)
         return self._info
 
+    async def _exclusive(self, session: _Session, work: Awaitable[_T]) -> _T:
+        """Run ``work`` as the session's one running request, to its end even if the caller goes away."""
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if nobody waits
+        session.running = task
+        return await asyncio.shield(task)
+
     async def open(self, seed: int | None, options: Mapping[str, Any] | None) -> tuple[str, Any, Any]:
         """A new session: ``(id, observation, info)``; :class:`_Full` when every slot is taken."""
-        if len(self.sessions) >= self.max_sessions:
+        if self._held >= self.max_sessions:  # NOTE: checked and taken with no await in between
             raise _Full(self.max_sessions)
-        env = self._idle.pop() if self._idle else await asyncio.to_thread(self._make)
+        self._held += 1
+        try:
+            env = self._idle.pop() if self._idle else await asyncio.to_thread(self._make)
+        except BaseException:
+            self._held -= 1
+            raise
         session_id = secrets.token_hex(16)
         session = _Session(env)
         self.sessions[session_id] = session
-        async with session.lock:
-            try:
-                obs, info = await env.unwrapped.areset(seed=seed, options=dict(options or {}))
-            except BaseException:
-                await self.close(session_id)
-                raise
+        try:
+            obs, info = await self._exclusive(
+                session, env.unwrapped.areset(seed=seed, options=dict(options or {}))
+            )
+        except BaseException:
+            await self.close(session_id)
+            raise
         return session_id, obs, info
 
     def get(self, session_id: str) -> _Session:
@@ -161,31 +201,44 @@ class EnvServer:
 
     async def step(self, session_id: str, action: str) -> tuple[Any, float, bool, bool, Any]:
         session = self.get(session_id)
-        if session.lock.locked():
+        if session.busy():
             raise _Busy(session_id)
-        async with session.lock:
-            obs, reward, terminated, truncated, info = await session.env.unwrapped.astep(action)
-            session.last_used = time.monotonic()
+
+        async def run() -> tuple[Any, float, bool, bool, Any]:
+            try:
+                obs, reward, terminated, truncated, info = await session.env.unwrapped.astep(action)
+            finally:
+                session.last_used = time.monotonic()
             session.done = bool(terminated or truncated)
-        return obs, float(reward), bool(terminated), bool(truncated), info
+            return obs, float(reward), bool(terminated), bool(truncated), info
+
+        return await self._exclusive(session, run())
 
     async def close(self, session_id: str) -> bool:
-        """End a session and release its episode's resources; the environment is kept for reuse."""
+        """End a session: wait for its running request, release its episode's resources, free its slot.
+
+        The environment is kept for reuse only once it is released.
+        """
         session = self.sessions.pop(session_id, None)
         if session is None:
             return False
-        base = session.env.unwrapped
         try:
-            release = getattr(base, "close_episode", None)
-            if release is not None:
-                await release()
-                self._idle.append(session.env)
-            else:
-                await base.aclose()
-        except Exception:  # an environment that cannot release its episode is not reused
-            log.exception("closing session %s failed; its environment is discarded", session_id)
-            with contextlib.suppress(Exception):
-                await base.aclose()
+            if session.running is not None:
+                await asyncio.wait([session.running])  # its outcome is its own request's business
+            base = session.env.unwrapped
+            try:
+                release = getattr(base, "close_episode", None)
+                if release is not None:
+                    await release()
+                    self._idle.append(session.env)
+                else:
+                    await base.aclose()
+            except Exception:  # an environment that cannot release its episode is not reused
+                log.exception("closing session %s failed; its environment is discarded", session_id)
+                with contextlib.suppress(Exception):
+                    await base.aclose()
+        finally:
+            self._held -= 1
         return True
 
     async def reap(self) -> int:
@@ -194,7 +247,7 @@ class EnvServer:
         stale = [
             sid
             for sid, s in self.sessions.items()
-            if now - s.last_used > self.session_timeout and not s.lock.locked()
+            if now - s.last_used > self.session_timeout and not s.busy()
         ]
         for sid in stale:
             log.info("session %s idle for more than %.0f s: closed", sid, self.session_timeout)
@@ -224,8 +277,19 @@ class _Busy(Exception):
         super().__init__(f"session {session_id} is still answering another request: one request at a time")
 
 
-def create_app(server: EnvServer, *, token: str | None = None, reap_every: float = 5.0) -> Any:
-    """The Starlette application serving ``server`` (routes in the module docstring)."""
+def create_app(
+    server: EnvServer,
+    *,
+    token: str | None = None,
+    reap_every: float = 5.0,
+    host: str = "127.0.0.1",
+    body_timeout: float = BODY_TIMEOUT_S,
+) -> Any:
+    """The Starlette application serving ``server`` (routes in the module docstring).
+
+    ``host`` is the address the server binds: on a loopback one, ``Host`` and ``Origin`` are checked
+    (:mod:`toolgym.serve_guards`).
+    """
     try:
         from starlette.applications import Starlette
         from starlette.requests import Request
@@ -233,6 +297,7 @@ def create_app(server: EnvServer, *, token: str | None = None, reap_every: float
         from starlette.routing import Route
     except ImportError as exc:
         raise MissingDependencyError("starlette", "serve", "toolgym serve") from exc
+    loopback = is_loopback(host)
 
     def fail(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> Any:
         body = {"error": {"type": kind, "message": message, "toolgym": False}}
@@ -245,23 +310,20 @@ def create_app(server: EnvServer, *, token: str | None = None, reap_every: float
         return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
     async def body(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if len(raw) > MAX_ACTION_CHARS * 4 + 4096:
-            raise ValueError(f"the request body has {len(raw)} bytes, more than this server accepts")
-        try:
-            data = json.loads(raw or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"the request body is not JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"the request body must be a JSON object, got {type(data).__name__}")
-        return data
+        return parse_json(await read_body(request, limit=MAX_BODY_BYTES, timeout=body_timeout))
 
-    def guarded(handler: Any) -> Any:
+    def guarded(handler: Any, *, auth: bool = True) -> Any:
         async def route(request: Request) -> Any:
-            if not authorized(request):
+            try:
+                check_browser(request.method, request.headers, loopback=loopback)
+            except Refused as exc:
+                return fail(exc.status, exc.kind, str(exc), {"Connection": "close"})
+            if auth and not authorized(request):
                 return fail(401, "Unauthorized", "a bearer token is required: Authorization: Bearer TOKEN")
             try:
                 return await handler(request)
+            except Refused as exc:  # the body was not read to its end: the connection cannot go on
+                return fail(exc.status, exc.kind, str(exc), {"Connection": "close"})
             except ValueError as exc:
                 return fail(400, "BadRequest", str(exc))
             except KeyError as exc:
@@ -295,11 +357,7 @@ def create_app(server: EnvServer, *, token: str | None = None, reap_every: float
 
     async def open_session(request: Request) -> Any:
         data = await body(request)
-        seed, options = data.get("seed"), data.get("options") or {}
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed must be an integer or null, got {seed!r}")
-        if not isinstance(options, dict):
-            raise ValueError(f"options must be a JSON object, got {options!r}")
+        seed, options = check_reset_args(data.get("seed"), data.get("options") or {})
         session_id, obs, reset_info = await server.open(seed, options)
         return JSONResponse({"session": session_id, "observation": obs, "info": reset_info})
 
@@ -346,7 +404,7 @@ def create_app(server: EnvServer, *, token: str | None = None, reap_every: float
             await server.shutdown()
 
     routes = [
-        Route("/health", health, methods=["GET"]),
+        Route("/health", guarded(health, auth=False), methods=["GET"]),
         Route("/info", guarded(info), methods=["GET"]),
         Route("/sessions", guarded(open_session), methods=["POST"]),
         Route("/sessions/{session}/step", guarded(step), methods=["POST"]),
@@ -366,7 +424,11 @@ def serve_command(
     token: str | None = None,
     openenv: bool = False,
 ) -> None:
-    """Run the server until interrupted (``toolgym serve``; ``openenv``: OpenEnv's protocol and server)."""
+    """Run the server until interrupted (``toolgym serve``; ``openenv``: OpenEnv's protocol and server).
+
+    Raises:
+        SystemExit: with status 128 + the signal's number, after a clean shutdown on SIGTERM/SIGINT.
+    """
     if openenv and not is_loopback(host):
         raise ConfigError(
             "--openenv serves OpenEnv's protocol, whose clients send no credentials: bind 127.0.0.1 and put "
@@ -391,7 +453,30 @@ def serve_command(
     else:
         server = EnvServer(env_id, env_kwargs, max_sessions=max_sessions, session_timeout=session_timeout)
         server.info()  # build the environment once now: a broken one fails here, not on the first client
-        app = create_app(server, token=token)
+        app = create_app(server, token=token, host=host)
+    _raise_descriptor_limit()
     protocol = "OpenEnv protocol" if openenv else "toolgym protocol"
     print(f"serving {env_id} on http://{host}:{port} ({protocol}, max {max_sessions} sessions)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=75)
+    # NOTE: uvicorn shuts down gracefully on these signals, then raises the signal again with the
+    # handler that was installed before it started. The default one would end the process there,
+    # skipping its exit handlers (a sandbox's containers would keep running); this one exits instead.
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        uvicorn.run(
+            app, host=host, port=port, log_level="warning", **uvicorn_options(idle_timeout=IDLE_TIMEOUT_S)
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _raise_descriptor_limit() -> None:
+    """Every connection is a descriptor: take the hard limit, so connections run out after the guards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

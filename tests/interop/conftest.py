@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from toolgym.serve import EnvServer, create_app
+from toolgym.serve_guards import BODY_TIMEOUT_S, IDLE_TIMEOUT_S, uvicorn_options
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # golden.py and servers.py are imported by name
@@ -21,11 +22,18 @@ from servers import uvicorn_thread  # noqa: E402
 
 @contextmanager
 def running_server(
-    env_id: str, *, token: str | None = None, reap_every: float = 5.0, **server_args: Any
+    env_id: str,
+    *,
+    token: str | None = None,
+    reap_every: float = 5.0,
+    idle_timeout: float = IDLE_TIMEOUT_S,
+    body_timeout: float = BODY_TIMEOUT_S,
+    **server_args: Any,
 ) -> Iterator[tuple[str, EnvServer]]:
+    """A server configured as ``toolgym serve`` configures its own (connection rules included)."""
     server = EnvServer(env_id, **server_args)
-    app = create_app(server, token=token, reap_every=reap_every)
-    with uvicorn_thread(app, lifespan="on", timeout_keep_alive=75) as url:
+    app = create_app(server, token=token, reap_every=reap_every, body_timeout=body_timeout)
+    with uvicorn_thread(app, lifespan="on", **uvicorn_options(idle_timeout=idle_timeout)) as url:
         yield url, server
 
 

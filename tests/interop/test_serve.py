@@ -59,11 +59,12 @@ async def test_episodes_over_the_wire_are_token_identical_to_in_process(serve) -
 def test_bad_requests_get_clear_statuses(serve) -> None:
     with serve(SEARCH) as (url, _), httpx.Client(base_url=url) as http:
         assert http.get("/health").json()["status"] == "ok"
-        bad = http.post("/sessions", content=b"{not json")
+        bad = http.post("/sessions", content=b"{not json", headers={"Content-Type": "application/json"})
         assert bad.status_code == 400 and "not JSON" in bad.json()["error"]["message"]
         assert http.post("/sessions", json=[1, 2]).status_code == 400
         assert (
-            "seed must be an integer" in http.post("/sessions", json={"seed": "x"}).json()["error"]["message"]
+            "seed must be a non-negative integer"
+            in http.post("/sessions", json={"seed": "x"}).json()["error"]["message"]
         )
         unknown = http.post("/sessions", json={"options": {"task_id": "nope"}})
         assert unknown.status_code == 400 and unknown.json()["error"]["type"] == "ConfigError"
