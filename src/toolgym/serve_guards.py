@@ -193,7 +193,7 @@ def guarded_protocol(idle_timeout: float) -> type:
     except ImportError:  # pragma: no cover - httptools is optional for uvicorn
         from uvicorn.protocols.http.h11_impl import H11Protocol as base
 
-    class GuardedProtocol(base):  # type: ignore[valid-type,misc]
+    class GuardedProtocol(base):
         _idle: asyncio.TimerHandle | None = None
 
         def _arm(self) -> None:
