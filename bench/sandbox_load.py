@@ -30,7 +30,7 @@ from collections import Counter, defaultdict
 
 from toolgym.envs.code_exec import HiddenTestVerifier, load_tasks, reference_code
 from toolgym.errors import InfraError, VerifierError
-from toolgym.tools.sandbox import SANDBOX_USER, DockerSandbox, leaked_containers
+from toolgym.tools.sandbox import UID_LABEL, DockerSandbox, leaked_containers, sandbox_user
 
 ENGINE = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -98,8 +98,9 @@ def engine_cpu_since(before: dict[int, float]) -> float:
 
 def flood_once(sandbox: DockerSandbox, variant: str, seconds: float) -> tuple[float, int]:
     config = sandbox._host_config()
+    user = sandbox_user(int(config["labels"][UID_LABEL]))
     if variant != "current":
-        config["user"] = SANDBOX_USER
+        config["user"] = user
         config["cap_add"] = []
     if variant == "earlier (json-file log)":
         config["log_config"] = {"type": "json-file", "config": {"max-size": "64k", "max-file": "1"}}
@@ -107,7 +108,7 @@ def flood_once(sandbox: DockerSandbox, variant: str, seconds: float) -> tuple[fl
     try:
         time.sleep(0.5)
         before = engine_cpu()
-        _, out = container.exec_run(["python3", "-c", FLOOD.format(seconds=seconds)], user=SANDBOX_USER)
+        _, out = container.exec_run(["python3", "-c", FLOOD.format(seconds=seconds)], user=user)
         used = engine_cpu_since(before)
     finally:
         container.remove(force=True)

@@ -57,7 +57,7 @@ from typing import Any
 from toolgym.core import Message, Score, Task
 from toolgym.envs.code_codec import dec, enc
 from toolgym.errors import SandboxError, VerifierError
-from toolgym.tools.sandbox import SANDBOX_USER, DockerSandbox, ExecResult, new_nonce, program_source
+from toolgym.tools.sandbox import DockerSandbox, ExecResult, new_nonce, program_source
 
 __all__ = ["MAX_ROUNDS", "HiddenTestVerifier", "default_sandbox", "extract_code"]
 
@@ -368,15 +368,12 @@ class HiddenTestVerifier:
         """Run ``calls`` in one fresh container; one result dict (``ok``, ``value``/``error``) per call."""
         tagged = [dict(call, id=str(i), nonce=new_nonce()) for i, call in enumerate(calls)]
         nonce = new_nonce()
-        uid, gid = (int(part) for part in SANDBOX_USER.split(":"))
         job = {
             "code": code,
             "calls": tagged,
             "nonce": nonce,
             "timeout": self.call_timeout,
             "cpu": max(1, math.ceil(self.call_timeout)),
-            "uid": uid,
-            "gid": gid,
             "driver": _program("code_programs/driver"),
             "codec": _program("code_codec"),
         }

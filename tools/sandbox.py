@@ -18,16 +18,22 @@ time limit or its owner, or to tamper with the trusted harness that scores it. T
   PID 1): that is a :class:`~toolgym.errors.SandboxError`, never a result;
 * a container reused for one-shot runs keeps nothing of one run for the next (see Latency); the
   runner and its zygote run as root (different uid, not dumpable), so the code can neither signal,
-  trace nor read them, and the zygote never holds a run's code, input or output.
+  trace nor read them, and the zygote never holds a run's code, input or output;
+* each container's code runs as a uid of its own (:func:`~toolgym.tools.sandbox_policy.new_sandbox_uid`),
+  so what the kernel counts per user (descriptors in flight, inotify instances, pipe buffers) one
+  container spends, no other container loses.
 
 Latency. A container start costs hundreds of ms and a ``docker exec`` tens. A warm pool keeps a few
 started containers idle. A one-shot :meth:`DockerSandbox.run` (``one_shot="resident"``, the default)
 goes to a resident runner (:mod:`toolgym.tools.sandbox_resident`): a trusted program started with one
 exec in a container, which runs each call in a fresh interpreter forked from a pre-imported zygote,
 as the sandbox user, over the exec's attached stream: no exec per call. A container then serves
-further one-shot calls, but only after the runner has killed every process of the sandbox user and
-emptied ``/work``, ``/tmp``, ``/dev/shm``, ``/dev/mqueue`` and the IPC namespace; a timeout, output
-flood or failed clean-up retires it (as do half its lifetime and ``MAX_RUNS`` calls). Up to
+further one-shot calls, but only after the runner has killed every process of the sandbox user,
+emptied ``/work``, ``/tmp``, ``/dev/shm``, ``/dev/mqueue`` and the IPC namespace, and *measured* the
+container back at its baseline (free space and inodes, memory, sockets, locks; the clean-up and the
+checks within :data:`~toolgym.tools.sandbox_resident.CLEANUP_BOUND_S`, paid by the call that needs
+them); a timeout, output flood, failed or slow clean-up, or anything still held retires it (as do
+half its lifetime and ``MAX_RUNS`` calls), counted in :attr:`DockerSandbox.retirements`. Up to
 ``pool_size`` such containers are kept idle besides the warm pool; with ``pool_size=0`` each run
 starts a container and a runner and throws both away. ``one_shot="exec"`` is the earlier path: one
 exec per call in a never-used container, thrown away after. Harness runs and sessions always get a
@@ -46,6 +52,7 @@ The programs that run inside containers are ordinary files shipped with the pack
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import logging
 import queue
@@ -58,21 +65,27 @@ from toolgym.errors import SandboxError
 from toolgym.tools.sandbox_exec import Box, ExecResult, cpu_seconds, exec_in, program_source
 from toolgym.tools.sandbox_policy import (
     HARNESS_USER,
-    SANDBOX_USER,
+    REMAPPED_SANDBOX_UIDS,
+    SANDBOX_UIDS,
     SECCOMP_PROFILE,
     WORKDIR,
     container_config,
+    new_sandbox_uid,
+    sandbox_user,
 )
 from toolgym.tools.sandbox_reaper import (
     DEADLINE_LABEL,
     INSTANCE_LABEL,
     LABEL,
+    UID_LABEL,
     SandboxUnavailable,
     docker_client,
+    engine_remaps_users,
     leaked_containers,
     owner_label,
     reap_containers,
     reap_forever,
+    uids_in_use,
 )
 from toolgym.tools.sandbox_resident import ResidentRunner
 from toolgym.tools.sandbox_session import SandboxSession
@@ -83,8 +96,9 @@ __all__ = [
     "HARNESS_USER",
     "INSTANCE_LABEL",
     "LABEL",
-    "SANDBOX_USER",
+    "SANDBOX_UIDS",
     "SECCOMP_PROFILE",
+    "UID_LABEL",
     "WORKDIR",
     "DockerSandbox",
     "ExecResult",
@@ -95,6 +109,7 @@ __all__ = [
     "new_nonce",
     "program_source",
     "reap_containers",
+    "sandbox_user",
 ]
 
 log = logging.getLogger(__name__)
@@ -166,6 +181,12 @@ class DockerSandbox:
                 "(or `python -m toolgym.tools.sandbox_image`) as root"
             ) from None
         self.image = image
+        try:
+            remapped = engine_remaps_users(self.client.info())
+        except (docker.errors.DockerException, OSError) as exc:
+            raise SandboxUnavailable(f"the Docker engine does not answer `docker info`: {exc}") from None
+        #: The uids a container's sandbox user is drawn from (one per container).
+        self.sandbox_uids = REMAPPED_SANDBOX_UIDS if remapped else SANDBOX_UIDS
         self.memory_mb = memory_mb
         self.cpus = cpus
         self.pids = pids
@@ -176,6 +197,9 @@ class DockerSandbox:
         self.container_ttl_s = container_ttl_s
         self.one_shot = one_shot
         self._idle: list[ResidentRunner] = []  # resident runners ready for a call, newest last
+        #: Resident containers retired so far, by reason (``"held resources"``, ``"slow clean-up"``,
+        #: ``"timeout"``, ...: :attr:`ResidentRunner.retired_because`).
+        self.retirements: collections.Counter[str] = collections.Counter()
         self._idle_lock = threading.Lock()
         self.owner = owner_label()
         self.instance = uuid.uuid4().hex[:12]
@@ -243,9 +267,10 @@ class DockerSandbox:
         """Run a trusted harness ``program`` in a fresh container, as :data:`HARNESS_USER`.
 
         The program runs as the container's root, which holds only CAP_SETUID, CAP_SETGID and
-        CAP_KILL: it must start any untrusted code it runs as :data:`SANDBOX_USER` itself, which
-        then cannot signal, trace or read it. No CPU-time limit is set (the harness sets its own on
-        the code); the wall-clock ``timeout`` and the output cap apply.
+        CAP_KILL: it must start any untrusted code it runs as the container's sandbox user itself
+        (``uid:gid``, the program's one argument), which then cannot signal, trace or read it. No
+        CPU-time limit is set (the harness sets its own on the code); the wall-clock ``timeout`` and
+        the output cap apply.
 
         Raises:
             SandboxError: the engine or container failed, or the container was stopped from outside.
@@ -254,7 +279,7 @@ class DockerSandbox:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         box = self._take()
         try:
-            cmd = ["python3", "-I", "-B", "-c", program]
+            cmd = ["python3", "-I", "-B", "-c", program, box.user]
             return self._exec(box, cmd, stdin.encode("utf-8"), timeout, user=HARNESS_USER)
         finally:
             self._discard(box)
@@ -304,8 +329,14 @@ class DockerSandbox:
         self.close()
 
     # ----------------------------------------------------------------- containers
-    def _host_config(self) -> dict[str, Any]:
-        """``containers.run`` keyword arguments: the policy's settings plus this sandbox's labels."""
+    def _host_config(self, uid: int | None = None) -> dict[str, Any]:
+        """``containers.run`` keyword arguments: the policy's settings plus this sandbox's labels.
+
+        ``uid``: the container's sandbox uid (a fresh one, unused by the engine's other containers,
+        when ``None``).
+        """
+        if uid is None:
+            uid = new_sandbox_uid(uids_in_use(self.client), self.sandbox_uids)
         config = container_config(
             memory_mb=self.memory_mb,
             cpus=self.cpus,
@@ -318,6 +349,7 @@ class DockerSandbox:
             LABEL: self.owner,
             INSTANCE_LABEL: self.instance,
             DEADLINE_LABEL: f"{time.time() + self.container_ttl_s:.0f}",
+            UID_LABEL: str(uid),
         }
         return config
 
@@ -325,10 +357,11 @@ class DockerSandbox:
         if self._closed.is_set():
             raise SandboxError("this DockerSandbox is closed; make a new one")
         try:
-            container = self.client.containers.run(self.image, **self._host_config())
+            config = self._host_config()
+            container = self.client.containers.run(self.image, **config)
         except (self._errors.DockerException, OSError) as exc:
             raise SandboxError(f"could not start a sandbox container from {self.image!r}: {exc}") from exc
-        return Box(container, time.time())
+        return Box(container, time.time(), int(config["labels"][UID_LABEL]))
 
     def _take(self) -> Box:
         """A never-used warm container, or a cold one when the pool is empty."""
@@ -350,12 +383,9 @@ class DockerSandbox:
                 runner = self._idle.pop() if self._idle else None
             if runner is None:
                 break
-            try:
-                usable = runner.settle() and time.time() - runner.box.created < self.container_ttl_s / 2
-            except SandboxError:
-                usable = False
-            if usable:
+            if runner.reusable and time.time() - runner.box.created < self.container_ttl_s / 2:
                 return runner
+            runner.close("age")
             self._retire(runner)
         box = self._take()
         try:
@@ -364,6 +394,7 @@ class DockerSandbox:
                 box,
                 program_source("toolgym.tools", "sandbox_programs/resident"),
                 program_source("toolgym.tools", "sandbox_programs/boot"),
+                program_source("toolgym.tools", "sandbox_programs/baseline"),
             )
         except SandboxError:
             self._discard(box)
@@ -378,7 +409,9 @@ class DockerSandbox:
             self._retire(runner)
 
     def _retire(self, runner: ResidentRunner) -> None:
-        runner.close()
+        runner.close("pool full" if runner.reusable else "closed")
+        with self._lock:
+            self.retirements[runner.retired_because or "closed"] += 1
         self._discard(runner.box)
 
     def _discard(self, box: Box) -> None:
@@ -431,7 +464,7 @@ class DockerSandbox:
         stdin: bytes,
         timeout: float,
         *,
-        user: str = SANDBOX_USER,
+        user: str | None = None,
         cpu_limit_s: int = 0,
     ) -> ExecResult:
         return exec_in(

@@ -29,7 +29,7 @@ from importlib import resources
 from typing import Any
 
 from toolgym.errors import SandboxError
-from toolgym.tools.sandbox_policy import SANDBOX_USER, WORKDIR
+from toolgym.tools.sandbox_policy import HARNESS_USER, WORKDIR, sandbox_user
 
 __all__ = [
     "EXIT_CPU_LIMIT",
@@ -85,10 +85,16 @@ class ExecResult:
 
 @dataclass
 class Box:
-    """A started container and when it started."""
+    """A started container, when it started, and the uid its untrusted code runs as (one per container)."""
 
     container: Any
     created: float
+    uid: int
+
+    @property
+    def user(self) -> str:
+        """The exec ``user`` of the container's sandbox user (``uid:gid``)."""
+        return sandbox_user(self.uid)
 
 
 @functools.cache
@@ -167,11 +173,12 @@ def exec_in(
     timeout: float,
     *,
     cap: int,
-    user: str = SANDBOX_USER,
+    user: str | None = None,
     cpu_limit_s: int = 0,
     file_limit_mb: int = 0,
 ) -> ExecResult:
-    """Run ``cmd`` in ``box`` as ``user`` feeding ``stdin``; enforce ``timeout`` and the output ``cap``.
+    """Run ``cmd`` in ``box`` as ``user`` (the box's sandbox user by default) feeding ``stdin``; enforce
+    ``timeout`` and the output ``cap``.
 
     Raises:
         SandboxError: the exec could not start, or the container stopped underneath it.
@@ -179,6 +186,7 @@ def exec_in(
     import docker.errors
 
     api = client.api
+    user = user or box.user
     start = time.monotonic()
     try:
         exec_id = api.exec_create(box.container.id, cmd, stdin=True, user=user, workdir=WORKDIR)["Id"]
@@ -228,7 +236,7 @@ def exec_in(
         output_truncated=out.truncated,
         duration_s=duration,
         cpu_time_exceeded=exit_code == EXIT_CPU_LIMIT and cpu_limit_s > 0,
-        file_size_exceeded=exit_code == EXIT_FILE_LIMIT and user == SANDBOX_USER,
+        file_size_exceeded=exit_code == EXIT_FILE_LIMIT and user != HARNESS_USER,
         cpu_limit_s=cpu_limit_s,
         file_limit_mb=file_limit_mb,
     )
@@ -281,7 +289,7 @@ def _probe(client: Any, box: Box) -> bool:
         '[ -r "$f" ] && grep -E "^oom_kill " "$f"; done; echo alive'
     )
     try:
-        _, output = box.container.exec_run(["sh", "-c", probe], user=SANDBOX_USER)
+        _, output = box.container.exec_run(["sh", "-c", probe], user=box.user)
     except (docker.errors.DockerException, OSError):
         output = b""
     fields = [line.split() for line in output.decode(errors="replace").splitlines()]

@@ -3,10 +3,18 @@
 Two users share a container, with different uids, so the code can neither signal, trace nor read
 the trusted side:
 
-* :data:`SANDBOX_USER` (Debian's ``nobody``) runs all untrusted code, with no capabilities: the
-  engine gives exec'd non-root processes none (Docker >= 20.10.14; a test checks it), processes the
-  harness starts lose them at ``setuid``, and ``no-new-privileges`` stops setuid binaries from
-  handing any out.
+* the container's sandbox user runs all untrusted code, with no capabilities: the engine gives
+  exec'd non-root processes none (Docker >= 20.10.14; a test checks it), processes the harness
+  starts lose them at ``setuid``, and ``no-new-privileges`` stops setuid binaries from handing any
+  out. Its uid (and gid) is drawn per container from :data:`SANDBOX_UIDS`
+  (:func:`new_sandbox_uid`), unused by any other sandbox container on the engine: the kernel counts
+  some resources per user across the whole machine (descriptors in flight in unix sockets against
+  ``RLIMIT_NOFILE``, inotify instances, pipe buffer pages, POSIX message queue bytes), so with one
+  uid for every container, one episode could exhaust them for all the others. (An engine-level user
+  namespace, dockerd's ``userns-remap``, maps every container into the same range, so the sandbox
+  user would still be one kernel user in all of them; a uid per container needs no engine setup.
+  On such an engine the uid is drawn from :data:`REMAPPED_SANDBOX_UIDS`, which its namespace maps:
+  distinct inside, distinct outside.) The uid has no ``/etc/passwd`` entry.
 * :data:`HARNESS_USER` (the container's root) runs PID 1 and the trusted harness programs (the
   hidden-test runner). Root here holds just :data:`HARNESS_CAPS`: CAP_SETUID/CAP_SETGID to start the
   code as the sandbox user, CAP_KILL to clear out the code's processes. PID 1 is ``sleep <ttl>``: the
@@ -25,23 +33,50 @@ in-container programs (``RLIMIT_CPU``), because a per-process limit must be set 
 from __future__ import annotations
 
 import json
+import secrets
+from collections.abc import Collection
 from typing import Any
 
 __all__ = [
     "HARNESS_CAPS",
     "HARNESS_USER",
-    "SANDBOX_USER",
+    "REMAPPED_SANDBOX_UIDS",
+    "SANDBOX_UIDS",
     "SECCOMP_PROFILE",
     "WORKDIR",
     "container_config",
+    "new_sandbox_uid",
+    "sandbox_user",
 ]
 
-#: Untrusted code (Debian's ``nobody``).
-SANDBOX_USER = "65534:65534"
+#: The uids a container's sandbox user is drawn from: far above the host's own users, the usual
+#: subordinate-id ranges of rootless engines, and 2**31 (which some software reads as negative).
+SANDBOX_UIDS = range(2_000_000_000, 2_140_000_000)
+#: The same, on an engine that maps containers into a user namespace (``userns-remap``: uids 0-65535).
+REMAPPED_SANDBOX_UIDS = range(10_000, 65_000)
 #: PID 1 and trusted harness programs: the container's root, limited to :data:`HARNESS_CAPS`.
 HARNESS_USER = "0:0"
 HARNESS_CAPS = ("SETUID", "SETGID", "KILL")
 WORKDIR = "/work"
+
+
+def new_sandbox_uid(taken: Collection[int] = (), uids: range = SANDBOX_UIDS) -> int:
+    """A random uid of ``uids`` not in ``taken`` (the uids of the engine's other containers).
+
+    Two processes drawing at the same moment could still meet: one chance in ``len(uids)`` per pair.
+    """
+    if len(taken) >= len(uids):
+        raise ValueError(f"every sandbox uid of {uids} is taken")
+    while True:
+        uid = uids.start + secrets.randbelow(len(uids))
+        if uid not in taken:
+            return uid
+
+
+def sandbox_user(uid: int) -> str:
+    """The ``user`` argument of an exec as the sandbox user ``uid`` (its gid is the same number)."""
+    return f"{uid}:{uid}"
+
 
 _DENY = [
     # Debugging and cross-process memory access: the classic way to tamper with a trusted process.

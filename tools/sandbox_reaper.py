@@ -1,7 +1,9 @@
 """The engine side of the sandbox: connecting to Docker, labelling containers, reaping orphans.
 
 Every sandbox container carries :data:`LABEL` (its owner, ``host:pid``), :data:`INSTANCE_LABEL` (the
-:class:`~toolgym.tools.sandbox.DockerSandbox` that made it) and :data:`DEADLINE_LABEL` (Unix time).
+:class:`~toolgym.tools.sandbox.DockerSandbox` that made it), :data:`DEADLINE_LABEL` (Unix time) and
+:data:`UID_LABEL` (the uid its untrusted code runs as, which no other sandbox container on the engine
+shares: :func:`uids_in_use`).
 Containers end themselves at their deadline (PID 1 is a ``sleep`` of the lifetime and they are
 auto-removed, see :mod:`toolgym.tools.sandbox_policy`); the reaper is the second line: it removes
 containers of dead owners on this host and containers :data:`DEADLINE_GRACE_S` past their deadline,
@@ -26,11 +28,14 @@ __all__ = [
     "DEADLINE_LABEL",
     "INSTANCE_LABEL",
     "LABEL",
+    "UID_LABEL",
     "SandboxUnavailable",
     "docker_client",
+    "engine_remaps_users",
     "leaked_containers",
     "reap_containers",
     "reap_forever",
+    "uids_in_use",
 ]
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,8 @@ LABEL = "toolgym.sandbox"
 DEADLINE_LABEL = "toolgym.deadline"
 #: Label naming the :class:`~toolgym.tools.sandbox.DockerSandbox` instance that created the container.
 INSTANCE_LABEL = "toolgym.sandbox.instance"
+#: Label holding the uid the container's untrusted code runs as.
+UID_LABEL = "toolgym.sandbox.uid"
 #: Seconds past its deadline before the reaper removes a container: the container stops itself at
 #: the deadline, so the reaper only acts when that failed.
 DEADLINE_GRACE_S = 5.0
@@ -145,3 +152,14 @@ def leaked_containers(
     client = client or docker_client()
     label = f"{INSTANCE_LABEL}={instance}" if instance else (f"{LABEL}={owner}" if owner else LABEL)
     return [record["Id"] for record in _labelled(client, label)]
+
+
+def uids_in_use(client: Any) -> set[int]:
+    """The sandbox uids of the engine's labelled containers, stopped ones included (any process's)."""
+    labels = (record.get("Labels") or {} for record in _labelled(client))
+    return {int(value) for value in (lab.get(UID_LABEL, "") for lab in labels) if value.isdigit()}
+
+
+def engine_remaps_users(info: dict[str, Any]) -> bool:
+    """Whether the engine (its ``docker info``) maps containers into a user namespace (``userns-remap``)."""
+    return any("name=userns" in str(option) for option in info.get("SecurityOptions") or [])

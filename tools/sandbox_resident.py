@@ -4,9 +4,21 @@ A :class:`ResidentRunner` is the host's end of ``sandbox_programs/resident.py``,
 started once in a warm container (as :data:`~toolgym.tools.sandbox_policy.HARNESS_USER`) whose
 attached stdin/stdout stream is the channel: a call writes a request to that socket and reads frames
 back (see the program's docstring for the protocol). Each call runs in a fresh interpreter process,
-forked from a pre-imported zygote that never holds call data, as the sandbox user, with the same
-limits as an exec'd run; afterwards a cleaner kills every process of the sandbox user and empties
-the writable directories and IPC namespace before the runner reports the end.
+forked from a pre-imported zygote that never holds call data, as the container's sandbox user, with
+the same limits as an exec'd run; afterwards a cleaner kills every process of the sandbox user and
+empties the writable directories and IPC namespace.
+
+When a container is clean. Removing what a call left by name is not enough: a call can hold
+resources no process owns (descriptors in flight in a unix socket that holds itself, a port in
+``TIME_WAIT``). So after the clean-up the runner *measures* the container against its state before
+the first call (``sandbox_programs/baseline.py`` says exactly what "clean" means): free space and
+inodes of every writable mount, the memory cgroup's unreclaimable usage (within 16 MiB), the unix
+and inet sockets of its network namespace, and file locks on its own file systems. A container
+serves the next call only when all of these match, the cleaner succeeded, and clean-up and checks
+together took at most :data:`CLEANUP_BOUND_S`; anything else retires it. The verdict is part of the
+call: :meth:`ResidentRunner.call` returns only once it is known, so a call that leaves a slow
+clean-up (hundreds of thousands of names) pays for it (up to the bound) and the next call never
+waits for it. What the checks cost is in each verdict (``ms``) and in ``bench/sandbox.py``.
 
 Why the exec stream and not a Unix socket in a bind-mounted host directory: the stream works with
 any engine the docker SDK reaches (remote, rootless, Docker Desktop), adds no mount the code could
@@ -24,9 +36,7 @@ directory, ``argv``, stdio and limits are the same (a test compares them).
 The host keeps the rules of :func:`~toolgym.tools.sandbox_exec.exec_in`: the calling thread waits
 with the deadline and kills the container on timeout or past the output cap (while another thread
 drains the stream); a container that stops while a call runs is a
-:class:`~toolgym.errors.SandboxError`. A call's result comes back as soon as its output is complete;
-the clean-up's verdict follows and is awaited before the next call (:meth:`ResidentRunner.settle`).
-A container serves further calls only after a clean end; anything else retires it.
+:class:`~toolgym.errors.SandboxError`.
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ from toolgym.tools.sandbox_exec import (
 )
 from toolgym.tools.sandbox_policy import HARNESS_USER
 
-__all__ = ["MAX_RUNS", "ResidentRunner"]
+__all__ = ["CLEANUP_BOUND_S", "MAX_RUNS", "ResidentRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +69,11 @@ log = logging.getLogger(__name__)
 MAX_RUNS = 500
 #: Seconds a runner may take to start and to answer a liveness check.
 START_TIMEOUT_S = 30.0
+#: Seconds the clean-up after a call and the checks of the container may take; past them the
+#: container is retired (the call that caused it waits that long, the next one not at all).
+CLEANUP_BOUND_S = 1.0
+#: Seconds the host waits for a verdict beyond the bound (the frame's way out through the engine).
+_VERDICT_MARGIN_S = 2.0
 
 
 class _Deadline(Exception):
@@ -71,8 +86,13 @@ class ResidentRunner:
     Attributes:
         box: the container.
         runs: calls served so far.
-        reusable: the last call ended without a kill and the runner is fine so far; whether its
-            clean-up succeeded, :meth:`settle` says.
+        reusable: the last call ended without a kill, its clean-up verdict was clean and the runner
+            is fine so far: the container may serve another call.
+        retired_because: why the container may not serve another call (``"timeout"``, ``"output
+            cap"``, ``"slow clean-up"``, ``"held resources"``, ``"cleaner failed"``, ``"max runs"``,
+            ``"lost"``), once it may not.
+        verdict: the last call's clean-up verdict as the runner sent it (``clean``, ``kind``,
+            ``why``, ``ms``: milliseconds of clean-up and checks, ``check_ms``: of the checks alone).
     """
 
     def __init__(self, client: Any, box: Box, sock: socket.socket) -> None:
@@ -80,14 +100,17 @@ class ResidentRunner:
         self.box = box
         self.runs = 0
         self.reusable = True
-        self._cleaning = False  # a call ended and its clean-up frame is still to come
+        self.retired_because: str | None = None
+        self.verdict: dict[str, Any] = {}
         self._sock = sock
         self._raw = b""  # engine frames not yet demultiplexed
         self._out = b""  # the runner's stdout: our frames
 
     @classmethod
-    def start(cls, client: Any, box: Box, program: str, boot: str) -> ResidentRunner:
+    def start(cls, client: Any, box: Box, program: str, boot: str, checks: str) -> ResidentRunner:
         """Start ``program`` (the runner's text) in ``box`` with one exec and wait until it is ready.
+
+        ``boot`` and ``checks`` are the texts of ``boot.py`` and ``baseline.py``.
 
         Raises:
             SandboxError: the exec failed or the runner did not come up.
@@ -97,7 +120,7 @@ class ResidentRunner:
         try:
             exec_id = client.api.exec_create(
                 box.container.id,
-                ["python3", "-I", "-B", "-c", program, boot],
+                ["python3", "-I", "-B", "-c", program, boot, checks, str(box.uid), f"{CLEANUP_BOUND_S:g}"],
                 stdin=True,
                 user=HARNESS_USER,
                 workdir="/",
@@ -113,7 +136,7 @@ class ResidentRunner:
         except _Deadline:
             frame = None
         if frame is None or frame[0] != b"R":
-            runner.close()
+            runner.close("lost")
             require_running(client, box)
             raise SandboxError(f"the resident runner in {box.container.short_id} did not start")
         return runner
@@ -123,10 +146,13 @@ class ResidentRunner:
     ) -> ExecResult:
         """Run ``code`` with ``stdin`` in a fresh worker; enforce ``timeout`` and the output ``cap``.
 
+        Returns once the clean-up's verdict is known (see the module docstring); ``reusable`` then
+        says whether the container may serve another call.
+
         Raises:
             SandboxError: the container stopped underneath the call, or the runner broke down.
         """
-        if self._cleaning and not self.settle():
+        if not self.reusable:
             raise SandboxError(f"sandbox container {self.box.container.short_id} was retired; take another")
         start = time.monotonic()
         deadline = start + timeout
@@ -154,12 +180,11 @@ class ResidentRunner:
         duration = time.monotonic() - start
         report = json.loads(payload)
         status = int(report["status"])
-        self._cleaning = True
-        self.reusable = self.runs < MAX_RUNS
+        clean = self._verdict()
         if status > 128:
             # Ended by a signal: by the OOM killer, by the code itself, or by a stop of the whole
             # container from outside, which the runner may have lived just long enough to report.
-            if self.settle():
+            if clean:
                 self._ping()
             else:
                 _probe(self.client, self.box)  # raises unless the container still answers
@@ -177,30 +202,42 @@ class ResidentRunner:
             file_limit_mb=file_limit_mb,
         )
 
-    def settle(self) -> bool:
-        """Wait for the clean-up after the last call (it overlaps the caller's own work); whether the
-        container may serve another call. A runner that fails here is closed.
-        """
-        if self._cleaning:
-            self._cleaning = False
-            try:
-                frame = self._frame(time.monotonic() + START_TIMEOUT_S)
-            except _Deadline:
-                frame = None
-            if frame is None or frame != (b"C", b"1"):
-                log.debug(
-                    "retiring sandbox container %s: clean-up answered %r", self.box.container.short_id, frame
-                )
-                self.close()
-        return self.reusable
-
-    def close(self) -> None:
+    def close(self, reason: str = "closed") -> None:
         """Close the stream; the runner ends at the end of its input. Idempotent."""
         self.reusable = False
+        if self.retired_because is None:
+            self.retired_because = reason
         with contextlib.suppress(OSError):
             self._sock.close()
 
     # ----------------------------------------------------------------- internals
+
+    def _verdict(self) -> bool:
+        """Read the clean-up verdict that follows a call's end; whether the container stays usable."""
+        try:
+            frame = self._frame(time.monotonic() + CLEANUP_BOUND_S + _VERDICT_MARGIN_S)
+        except _Deadline:
+            frame = None
+        try:
+            verdict = json.loads(frame[1]) if frame is not None and frame[0] == b"C" else {}
+        except ValueError:
+            verdict = {}
+        self.verdict = verdict if isinstance(verdict, dict) else {}
+        if self.verdict.get("clean") is True:
+            if self.runs >= MAX_RUNS:
+                self.close("max runs")
+            else:
+                self.reusable = True
+            return True
+        reason = str(self.verdict.get("kind") or ("slow clean-up" if frame is None else "lost"))
+        log.debug(
+            "retiring sandbox container %s: %s (%s)",
+            self.box.container.short_id,
+            reason,
+            self.verdict.get("why", "no verdict in time"),
+        )
+        self.close(reason)
+        return False
 
     def _send(self, data: bytes, deadline: float) -> None:
         self._sock.settimeout(max(deadline - time.monotonic(), 1e-3))
@@ -251,6 +288,7 @@ class ResidentRunner:
         import docker.errors
 
         self.reusable = False
+        self.retired_because = "timeout" if timed_out else "output cap"
         done = threading.Event()
 
         def drain() -> None:
@@ -280,7 +318,7 @@ class ResidentRunner:
 
     def _lost(self, start: float, cpu_s: int, file_limit_mb: int) -> ExecResult:
         """The stream ended mid-call: a stop from outside (an error) or the runner OOM-killed."""
-        self.close()
+        self.close("lost")
         for _ in range(20):  # the engine may report the stream's end before the container's
             require_running(self.client, self.box)
             time.sleep(0.1)
@@ -299,7 +337,7 @@ class ResidentRunner:
         except _Deadline:
             frame = None
         if frame is None or frame[0] != b"P":
-            self.close()
+            self.close("lost")
             require_running(self.client, self.box)
             raise SandboxError(
                 f"the resident runner in sandbox container {self.box.container.short_id} stopped answering"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from toolgym.errors import SandboxError
 from toolgym.tools.sandbox_exec import Box, ExecResult, cpu_seconds, program_source
-from toolgym.tools.sandbox_policy import SANDBOX_USER, WORKDIR
+from toolgym.tools.sandbox_policy import WORKDIR
 
 if TYPE_CHECKING:
     from toolgym.tools.sandbox import DockerSandbox
@@ -43,7 +43,7 @@ class SandboxSession:
                 exec_id = api.exec_create(
                     box.container.id,
                     ["python3", "-c", server, _SOCKET_PATH],
-                    user=SANDBOX_USER,
+                    user=box.user,
                     workdir=WORKDIR,
                 )["Id"]
                 api.exec_start(exec_id, detach=True)

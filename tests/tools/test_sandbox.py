@@ -101,9 +101,10 @@ def test_run_returns_output_stdin_and_exit_code(sandbox: DockerSandbox) -> None:
 
 
 @pytest.mark.docker
-def test_runs_as_nobody_in_workdir(sandbox: DockerSandbox) -> None:
-    result = _run(sandbox, "import os; print(os.getuid(), os.getgid(), os.getcwd())")
-    assert result.stdout.split() == ["65534", "65534", "/work"]
+def test_runs_as_the_containers_own_unprivileged_user_in_workdir(sandbox: DockerSandbox) -> None:
+    result = _run(sandbox, "import os; print(os.getuid(), os.getgid(), os.getgroups(), os.getcwd())")
+    uid, gid, groups, cwd = result.stdout.split()
+    assert int(uid) in sandbox.sandbox_uids and gid == uid and groups == f"[{uid}]" and cwd == "/work"
 
 
 @pytest.mark.docker

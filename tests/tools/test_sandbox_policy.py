@@ -19,13 +19,19 @@ import pytest
 from toolgym.errors import InfraError, SandboxError
 from toolgym.tools.sandbox import (
     HARNESS_USER,
-    SANDBOX_USER,
+    SANDBOX_UIDS,
     DockerSandbox,
     ExecResult,
     docker_client,
     leaked_containers,
 )
-from toolgym.tools.sandbox_policy import container_config
+from toolgym.tools.sandbox_policy import (
+    REMAPPED_SANDBOX_UIDS,
+    container_config,
+    new_sandbox_uid,
+    sandbox_user,
+)
+from toolgym.tools.sandbox_reaper import engine_remaps_users
 
 
 def _need_docker() -> None:
@@ -48,12 +54,32 @@ def _run(
 
 def test_policy_separates_users_and_keeps_no_engine_log() -> None:
     config = container_config(memory_mb=128, cpus=1.0, pids=64, workdir_mb=64, file_mb=16, ttl_s=600)
-    assert SANDBOX_USER != HARNESS_USER and config["user"] == HARNESS_USER
+    assert config["user"] == HARNESS_USER and 0 not in SANDBOX_UIDS and 65534 not in SANDBOX_UIDS
     assert config["command"] == ["sleep", "600"] and config["auto_remove"]
     assert config["cap_drop"] == ["ALL"] and sorted(config["cap_add"]) == ["KILL", "SETGID", "SETUID"]
     assert config["log_config"]["type"] == "none"
     assert {"Name": "fsize", "Soft": 16 << 20, "Hard": 16 << 20} in config["ulimits"]
     assert "no-new-privileges" in config["security_opt"] and config["network_mode"] == "none"
+
+
+def test_each_container_draws_a_sandbox_uid_no_other_container_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    draws = iter([5, 5, 7])
+    monkeypatch.setattr("toolgym.tools.sandbox_policy.secrets.randbelow", lambda n: next(draws))
+    assert new_sandbox_uid({SANDBOX_UIDS.start + 5}) == SANDBOX_UIDS.start + 7
+    monkeypatch.undo()
+    drawn = {new_sandbox_uid() for _ in range(100)}
+    assert len(drawn) > 90 and drawn <= set(SANDBOX_UIDS)
+    assert sandbox_user(2_000_000_123) == "2000000123:2000000123"
+    remapped = {new_sandbox_uid(uids=REMAPPED_SANDBOX_UIDS) for _ in range(20)}
+    assert remapped <= set(REMAPPED_SANDBOX_UIDS) and max(REMAPPED_SANDBOX_UIDS) < 65534
+    with pytest.raises(ValueError, match="taken"):
+        new_sandbox_uid(set(range(10)), range(10))
+
+
+def test_an_engine_with_user_namespaces_is_recognised_from_its_info() -> None:
+    assert engine_remaps_users({"SecurityOptions": ["name=seccomp,profile=default", "name=userns"]})
+    assert not engine_remaps_users({"SecurityOptions": ["name=seccomp,profile=default"]})
+    assert not engine_remaps_users({})
 
 
 @pytest.mark.docker

@@ -1,8 +1,10 @@
 """Resident runner, inside a warm container: serves one-shot runs over its exec stream, one at a time.
 
 Trusted. Started once per container by the host as the container's root (CAP_SETUID, CAP_SETGID,
-CAP_KILL only): ``python3 -I -B -c <this file's text> <boot.py's text>``; the exec's attached stdin
-and stdout are the channel, so a call needs no ``docker exec``. Two long-lived root processes:
+CAP_KILL only): ``python3 -I -B -c <this file's text> <boot.py's text> <baseline.py's text> <uid>
+<clean-up bound, s>``; the exec's attached stdin and stdout are the channel, so a call needs no
+``docker exec``. ``uid`` is the container's sandbox user (its gid is the same number). Two long-lived
+root processes:
 
 * the runner (this process) talks to the host and moves bytes; it is the only one that ever holds a
   call's code, input or output;
@@ -14,21 +16,29 @@ and stdout are the channel, so a call needs no ``docker exec``. Two long-lived r
 A worker sets ``oom_score_adj`` to 1000, becomes the sandbox user (setgroups/setgid/setuid: every
 capability is gone), makes itself dumpable again (as an exec'd process is), starts a new session in
 ``/work`` and runs ``boot.py``'s ``main`` (CPU-time limit, ``main.py``, exit statuses 152/153).
+
 A cleaner, forked the same way before the worker and waiting as root (so the call can neither
-signal it nor take the process slot it needs), becomes the sandbox user once the worker has exited,
-kills every process of that user (``kill(-1)``), empties ``/work``, ``/tmp``, ``/dev/shm`` and
-``/dev/mqueue`` and removes System V IPC objects; the next call starts only after that. A cleaner
-that fails marks the container dirty and the host retires it.
+signal it nor take the process slot it needs), switches at once, when let go, to real and saved uid
+:data:`CLEANER_UID` and effective uid the sandbox user's: it may signal the call's processes and
+remove their files, while they can signal nothing of it (kill permission needs their uid to be its
+real or saved one). It kills every process of the sandbox user (``kill(-1)``) until none is left,
+empties ``/work``, ``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` and removes System V IPC objects.
+
+Then the runner measures the container against the baseline it took before the first call
+(``baseline.py``: free space and inodes of every writable mount, unreclaimable memory, sockets, file
+locks). The container serves another call only if the cleaner succeeded, the measurement matches,
+and both took at most the clean-up bound; otherwise the verdict retires it and the runner ends.
 
 Protocol. Host -> runner: ``RUN <cpu s> <code bytes> <stdin bytes>\\n`` then those bytes, or
-``PING\\n``. Runner -> host (stdout): frames ``<kind: 1 byte><length: 4 bytes, big-endian><payload>``:
-``R`` ready, ``1``/``2`` a chunk of the worker's stdout/stderr, ``X`` the end (JSON: ``status``,
-the exit status with 128 + signal for a signal; ``oom``, the container's OOM-kill count grew), then
-``C`` once cleaned (``1``: clean, ``0``: retire the container), ``P`` the answer to ``PING``. ``X``
-comes as soon as the output is complete: when nothing but the worker held its pipes, before the
-clean-up (which then overlaps the host's work); otherwise after it. The runner reads the next request
-only after ``C``. The runner ends at end of input.
-Imported as a module it does nothing.
+``PING\\n``. Runner -> host (stdout): frames ``<kind: 1 byte><length: 4 bytes,
+big-endian><payload>``: ``R`` ready, ``1``/``2`` a chunk of the worker's stdout/stderr, ``X`` the end
+(JSON: ``status``, the exit status with 128 + signal for a signal; ``oom``, the container's OOM-kill
+count grew), then ``C`` the verdict (JSON: ``clean``; ``kind`` and ``why`` when not; ``ms``, the
+milliseconds of clean-up and measurement, ``check_ms`` of the measurement alone), ``P`` the answer
+to ``PING``. ``X`` comes as soon as the output is complete: when nothing but the worker held its
+pipes, before the clean-up; otherwise after it. The runner reads the next request only after ``C``.
+The runner ends at end of input, and after a verdict that retires its container. Imported as a
+module it does nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +55,10 @@ import struct
 import sys
 import time
 
-SANDBOX_UID = SANDBOX_GID = 65534
+SANDBOX_UID = SANDBOX_GID = -1  # the container's sandbox user: set by main() from its argument
+#: The cleaner's real and saved uid: no process of the sandbox can signal a process holding it.
+CLEANER_UID = 2_147_000_000
+CLEANUP_BOUND_S = 1.0  # set by main() from its argument
 WORKDIR = "/work"
 SCRATCH = ("/work", "/tmp", "/dev/shm", "/dev/mqueue")
 PRELOAD = ("json", "re", "collections", "itertools", "functools", "math", "string", "heapq", "bisect")
@@ -161,17 +174,21 @@ def clear_dir(top: str) -> bool:
 
 
 def others_alive() -> list[int]:
+    """Processes of the calls still alive: every process but root's and this one's (zombies aside).
+
+    By real uid, read from ``status``: a process can make its ``/proc`` entry root's (non-dumpable).
+    """
     me, alive = os.getpid(), []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                state = f.read().rpartition(")")[2].split()[0]
-            uid = os.stat(f"/proc/{name}").st_uid
-        except (OSError, IndexError):
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            state, uid = fields["State"].split()[0], int(fields["Uid"].split()[0])
+        except (OSError, KeyError, IndexError, ValueError):
             continue
-        if uid == SANDBOX_UID and state not in ("Z", "X"):
+        if uid != 0 and state not in ("Z", "X"):
             alive.append(int(name))
     return alive
 
@@ -190,7 +207,8 @@ def cleaner(go: int) -> None:
     """In a fresh fork of the zygote: wait for ``go``, then remove what a call left (never returns).
 
     It is forked before the call's worker and waits as root, so the call can neither stop it nor
-    take the last process slot it needs (a fork bomb that leaves its children sleeping).
+    take the last process slot it needs (a fork bomb that leaves its children sleeping). Let go, it
+    takes uids the call cannot signal (see the module docstring) before anything else.
     """
     ok = False
     try:
@@ -199,7 +217,9 @@ def cleaner(go: int) -> None:
         if os.read(go, 1) != b"g":
             os._exit(EXIT_CLEANER_FAILED)  # the runner is gone
         os.close(go)
-        become_sandbox_user()
+        os.setgroups([SANDBOX_GID])
+        os.setresgid(SANDBOX_GID, SANDBOX_GID, SANDBOX_GID)
+        os.setresuid(CLEANER_UID, SANDBOX_UID, CLEANER_UID)
         for _ in range(500):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(-1, signal.SIGKILL)
@@ -233,11 +253,12 @@ def zygote(sock: socket.socket, boot_src: str) -> None:
     boot: dict[str, object] = {"__name__": "boot", "__builtins__": __builtins__}
     exec(compile(boot_src, "boot.py", "exec"), boot)
     env = dict(os.environ)
-    env["HOME"] = "/nonexistent"
+    env["HOME"] = "/"  # what an exec as a uid without a passwd entry gets
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
+    sock.send(struct.pack(">ci", b"R", 0))  # ready: the runner measures the baseline now
     mine: dict[int, bytes] = {}  # pid -> b"W" (worker) or b"C" (cleaner)
     while True:
         ready, _, _ = select.select([sock, wake_r], [], [])
@@ -286,11 +307,16 @@ def zygote(sock: socket.socket, boot_src: str) -> None:
 class Runner:
     """The host's end: reads requests from fd 0, writes frames to fd 1, drives the zygote."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, checks: dict[str, object]) -> None:
         self.sock = sock
         self.stdin = os.fdopen(0, "rb", buffering=0)
         self.go_w = -1  # the write end of the waiting cleaner's pipe, until it is let go
         self.cleaned: int | None = None  # the cleaner's exit status, once known
+        self.verdict: dict[str, object] | None = None  # the call's clean-up verdict, once known
+        self.checks = checks
+        if self.ended()[0] != b"R":
+            raise EOFError("the zygote did not start")
+        self.baseline = checks["measure"]()  # type: ignore[operator]
 
     def frame(self, kind: bytes, payload: bytes) -> None:
         data = kind + struct.pack(">I", len(payload)) + payload
@@ -324,8 +350,8 @@ class Runner:
         kind, code = struct.unpack(">ci", msg)
         return kind, int(code)
 
-    def call(self, cpu_s: int, payload: bytes) -> None:
-        """Run one call; report ``X`` as soon as its output is complete, then ``C`` once cleaned."""
+    def call(self, cpu_s: int, payload: bytes) -> bool:
+        """Run one call; report ``X`` as soon as its output is complete, then ``C``; whether it was clean."""
         oom_before = oom_kills()
         go_r, self.go_w = os.pipe()
         socket.send_fds(self.sock, [b"C"], [go_r])
@@ -339,7 +365,7 @@ class Runner:
         for fd in (in_w, out_r, err_r):
             os.set_blocking(fd, False)
         readers: dict[int, bytes] = {out_r: b"1", err_r: b"2"}
-        self.cleaned = None
+        self.cleaned, self.verdict = None, None
         status: int | None = None
         writers = [in_w] if payload else []
         if not payload:
@@ -368,16 +394,18 @@ class Runner:
         for fd in list(readers):  # what the worker left in its pipes, and their end if nobody holds them
             while fd in readers and self.forward(fd, readers):
                 pass
-        if readers:
-            # Something the call started still holds the pipes: it goes first, then they end.
-            self.clean()
+        if readers and self.clean()["clean"]:
+            # Something the call started held the pipes: it is gone now, so they end.
             while readers:
                 for fd in select.select(list(readers), [], [])[0]:
                     self.forward(fd, readers)
+        for fd in readers:  # held by nothing the clean-up could end: the verdict retires the container
+            os.close(fd)
         report = {"status": status, "oom": oom_kills() > oom_before}
         self.frame(b"X", json.dumps(report).encode())
-        self.clean()
-        self.frame(b"C", b"1" if self.cleaned == 0 else b"0")
+        verdict = self.clean()
+        self.frame(b"C", json.dumps(verdict).encode())
+        return bool(verdict["clean"])
 
     def forward(self, fd: int, readers: dict[int, bytes]) -> bool:
         """Pass on one chunk of ``fd``; at its end drop it. Whether anything was read."""
@@ -392,18 +420,36 @@ class Runner:
         del readers[fd]
         return False
 
-    def clean(self) -> None:
-        """Let the waiting cleaner go and wait for its end (once per call)."""
-        if self.go_w < 0:
-            return
+    def clean(self) -> dict[str, object]:
+        """Let the waiting cleaner go, then measure; the verdict (once per call, within the bound)."""
+        if self.verdict is not None:
+            return self.verdict
+        start = time.monotonic()
+        deadline = start + CLEANUP_BOUND_S
         with contextlib.suppress(OSError):
             os.write(self.go_w, b"g")
         os.close(self.go_w)
         self.go_w = -1
-        while self.cleaned is None:
-            kind, code = self.ended()
-            if kind == b"C":
-                self.cleaned = code
+        while self.cleaned is None and time.monotonic() < deadline:
+            if select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                kind, code = self.ended()
+                if kind == b"C":
+                    self.cleaned = code
+        kind, why, checked = "", "", time.monotonic()
+        if self.cleaned is None:
+            kind, why = "slow clean-up", f"the clean-up took longer than {CLEANUP_BOUND_S:g} s"
+        elif self.cleaned != 0:
+            kind, why = "cleaner failed", f"the cleaner ended with status {self.cleaned}"
+        else:
+            checked = time.monotonic()
+            why = self.checks["compare"](self.baseline, self.checks["measure"](self.baseline))  # type: ignore[operator]
+            kind = "held resources" if why else ""
+            if not why and time.monotonic() > deadline:
+                kind, why = "slow clean-up", f"the clean-up and checks took longer than {CLEANUP_BOUND_S:g} s"
+        now = time.monotonic()
+        ms, check_ms = round((now - start) * 1000, 3), round((now - checked) * 1000, 3)
+        self.verdict = {"clean": not kind, "kind": kind, "why": why, "ms": ms, "check_ms": check_ms}
+        return self.verdict
 
     def serve(self) -> None:
         self.frame(b"R", b"")
@@ -418,12 +464,18 @@ class Runner:
                 stdin = self.read(n_stdin)
             except EOFError:
                 return
-            self.call(cpu_s, str(n_code).encode() + b"\n" + code + stdin)
+            if not self.call(cpu_s, str(n_code).encode() + b"\n" + code + stdin):
+                return  # the container is retired: nothing more runs in it
 
 
 def main() -> None:
+    global SANDBOX_UID, SANDBOX_GID, CLEANUP_BOUND_S
     prctl(PR_SET_DUMPABLE, 0)
-    boot_src = sys.argv[1]
+    boot_src, checks_src = sys.argv[1], sys.argv[2]
+    SANDBOX_UID = SANDBOX_GID = int(sys.argv[3])
+    CLEANUP_BOUND_S = float(sys.argv[4])
+    checks: dict[str, object] = {"__name__": "baseline", "__builtins__": __builtins__}
+    exec(compile(checks_src, "baseline.py", "exec"), checks)
     here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -435,7 +487,7 @@ def main() -> None:
         zygote(there, boot_src)
     there.close()
     try:
-        Runner(here).serve()
+        Runner(here, checks).serve()
     finally:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
