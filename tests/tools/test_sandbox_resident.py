@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from toolgym.tools.sandbox import DockerSandbox, ExecResult, leaked_containers
+from toolgym.tools.sandbox import DockerSandbox, ExecResult, leaked_containers, program_source
 
 # What the next call sees of everything a call could leave behind.
 CENSUS = """
@@ -72,6 +72,40 @@ def _clean(census: dict) -> None:
 
 
 # --------------------------------------------------------------------------- behaviour
+
+
+def _baseline_rules() -> dict:
+    rules: dict = {"__name__": "baseline"}
+    exec(program_source("toolgym.tools", "sandbox_programs/baseline"), rules)
+    return rules
+
+
+def test_each_baseline_rule_names_what_is_still_held() -> None:
+    rules = _baseline_rules()
+    base = {
+        "space": {"/work": (100, 50)},
+        "memory": 10 << 20,
+        "unix": {1, 2},
+        "inet": set(),
+        "locks": set(),
+    }
+    assert rules["compare"](base, dict(base)) == ""
+    more = dict(base, space={"/work": (120, 60)}, memory=(10 << 20) + rules["MEMORY_SLACK"], unix={1})
+    assert rules["compare"](base, more) == ""  # more free, a little more memory, fewer sockets: clean
+    held = {
+        "/work": dict(space={"/work": (99, 50)}),
+        "memory": dict(memory=(11 << 20) + rules["MEMORY_SLACK"]),
+        "unix sockets": dict(unix={1, 2, 7}),
+        "inet sockets": dict(inet={"tcp 0100007F:1B65 0100007F:E586 06 0"}),
+        "file locks": dict(locks={"FLOCK WRITE 00:2a:1624433 0 EOF"}),
+    }
+    for name, change in held.items():
+        assert rules["compare"](base, dict(base, **change)).startswith(name), name
+
+
+def test_the_baseline_is_measured_on_this_machine_too() -> None:
+    state = _baseline_rules()["measure"]()
+    assert state["space"] and isinstance(state["memory"], int) and isinstance(state["unix"], set)
 
 
 def test_unknown_one_shot_mode_is_refused_before_docker() -> None:
