@@ -47,6 +47,7 @@ __all__ = [
     "compare_runs",
     "load_eval_run",
     "paired_rewards",
+    "pooled_comparison",
     "prepare_run_dir",
     "settings_differences",
 ]
@@ -322,6 +323,9 @@ class Comparison:
     tracks: list[TrackComparison]
     #: fields that may differ between compared runs and do (policy, sampling, token caps)
     notes: list[str] = field(default_factory=list)
+    #: every track at once (two or more tracks): per task, the mean over tracks of ``B - A``; the
+    #: bootstrap resamples tasks, so a task's episodes on its several tracks stay together
+    pooled: TrackComparison | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -366,7 +370,37 @@ def compare_runs(a: EvalRun, b: EvalRun, *, seed: int = 0, allow: Sequence[str] 
             TrackComparison(harness, len(ra), sum(ra) / len(ra), sum(rb) / len(rb), mean, low, high, dropped)
         )
     notes = settings_differences(a.settings, b.settings, ("policy", "sampling", "max_total_tokens"))
-    return Comparison(a.label, b.label, tracks, notes)
+    pooled = pooled_comparison(a, b, seed=seed) if len(a.settings.harnesses) > 1 else None
+    return Comparison(a.label, b.label, tracks, notes, pooled)
+
+
+def pooled_comparison(a: EvalRun, b: EvalRun, *, seed: int = 0) -> TrackComparison:
+    """``B - A`` over every track at once, clustered by task (see :attr:`Comparison.pooled`).
+
+    A task counts when both runs scored it on every track (an ``infra_error`` anywhere drops it).
+    """
+    from toolgym.agents.evaluate import paired_bootstrap
+
+    harnesses = a.settings.harnesses
+    per_track = []
+    for harness in harnesses:
+        side_b = {(t.task_id, t.seed): t for t in b.trajectories[harness]}
+        per_track.append(
+            {(t.task_id, t.seed): (t, side_b.get((t.task_id, t.seed))) for t in a.trajectories[harness]}
+        )
+    keys = [k for k in per_track[0] if all(k in track for track in per_track)]
+    ra, rb, dropped = [], [], 0
+    for key in keys:
+        pairs = [track[key] for track in per_track]
+        if any(y is None or x.status == "infra_error" or y.status == "infra_error" for x, y in pairs):
+            dropped += 1
+            continue
+        ra.append(sum(x.reward for x, _ in pairs) / len(pairs))
+        rb.append(sum(y.reward for _, y in pairs if y is not None) / len(pairs))
+    if not ra:
+        raise ConfigError("pooled: no task that both runs scored on every track")
+    mean, low, high = paired_bootstrap(ra, rb, seed=seed)
+    return TrackComparison("pooled", len(ra), sum(ra) / len(ra), sum(rb) / len(rb), mean, low, high, dropped)
 
 
 def early_differences(

@@ -42,6 +42,7 @@ __all__ = [
     "check_env_kwargs",
     "evaluate",
     "paired_bootstrap",
+    "pick_tasks",
     "summarize",
 ]
 
@@ -171,8 +172,7 @@ async def evaluate(
         fingerprint = env_fingerprint(probe, env_id, env_kwargs)
     finally:
         probe.close()
-    rng = np.random.default_rng(seed)
-    picked = [all_ids[i] for i in rng.choice(len(all_ids), size=min(n, len(all_ids)), replace=False)]
+    picked = pick_tasks(all_ids, n, seed)
     sampling = sampling or SamplingParams(max_tokens=96, temperature=0.0)
     settings = EvalSettings(
         env_id=env_id,
@@ -271,6 +271,12 @@ async def evaluate(
             {"tracks": [asdict(t) for t in tracks], "paired": {k: list(v) for k, v in paired.items()}},
         )
     return report
+
+
+def pick_tasks(task_ids: Sequence[str], n: int, seed: int) -> list[str]:
+    """The ``n`` tasks an evaluation with ``seed`` runs (all of them when ``n`` is at least their number)."""
+    rng = np.random.default_rng(seed)
+    return [task_ids[i] for i in rng.choice(len(task_ids), size=min(n, len(task_ids)), replace=False)]
 
 
 async def _all_or_none(coros: Sequence[Any]) -> list[Trajectory]:

@@ -1,29 +1,32 @@
-"""Benchmark the learner step with and without shared-prefix scoring, side by side, on the demo's shapes.
+"""Benchmark the learner step, side by side: prefix sharing off, per group, per step; full vs LoRA.
 
 Usage::
 
-    python bench/learner.py [--rounds 2] [--trajectories FILE] [--threads 2] [--sample] [--smoke]
+    python bench/learner.py [--config learn] [--groups 6] [--modes full-unshared,full-group,full-step,lora-step]
+                            [--lora-rank 16] [--rounds 2] [--trajectories FILE] [--threads 2] [--sample] [--smoke]
 
-The demo (``training/configs/demo.toml``: SmolLM2-135M-Instruct on CPU, ``toolgym/SearchQA-v0``,
-groups of 6, 48 tokens per turn, 2 turns, micro-batches of 3) is built as the trainer builds it. One
-group of 6 trajectories of the demo's first task, with both of the demo's tools (``answer`` and
-``search``), is made once and saved to ``--trajectories`` (reused when the file exists):
+The shapes are a shipped config's (``--config``; ``learn``: SmolLM2-135M-Instruct on CPU,
+``toolgym/SearchQA-v0``, groups of 4, 48 tokens per turn, 2 turns, micro-batches of 4), built as the
+trainer builds them. ``--groups`` groups of the config's first tasks, with the tools ``answer`` and
+``search``, are made once and saved to ``--trajectories`` (reused when the file exists):
 
-- by default through the real environment and rollout loop with scripted assistant turns of 48 tokens
-  each (a search call whose query differs per sample, then an answer call, right in every other
-  sample), so the prompt, the search results between the turns, the rewards and the token layout
-  are real and only the sampled tokens (and their behaviour logprobs, 0.0) are canned;
-- with ``--sample``, sampled by the demo's own policy (real completions; slow on a loaded machine).
+- by default through the real environment and rollout loop with scripted assistant turns of the
+  config's turn length (a search call whose query differs per sample, then an answer call, right in
+  every other sample), so the prompt, the search results between the turns, the rewards and the
+  token layout are real and only the sampled tokens (and their behaviour logprobs, 0.0) are canned;
+- with ``--sample``, sampled by the config's own policy (real completions; slow on a loaded machine).
 
-Each round then times the trainer's own learner
-step (``Trainer._learn``: loss, backward, clipping, AdamW step) on that group with
-``train.share_prefix = false`` (a full forward and backward pass per sequence) and ``true`` (the
-group's common prompt prefix once), alternating, from the same weights and optimizer state each time.
+Each round times one learner step (the gradient over every sequence of the step, clipping, the AdamW
+step) in each mode, alternating, from the same weights and optimizer state each time:
+``full-unshared`` (a full forward and backward pass per sequence), ``full-group`` (each group's
+common prefix once), ``full-step`` (what the trainer does: the prompt all groups share once per
+step, each group's own prefix once on top of it) and ``lora-step`` (the same with LoRA adapters of
+``--lora-rank``, base weights frozen).
 
-Reported per mode: seconds per step (best of the rounds), learner tokens/s (every token of every
-trained sequence, divided by the step's time: the same work in both modes), and memory: the process's
-peak RSS and how far RSS rose above its level before the step (sampled every 10 ms). The loss and
-gradient norm of the two modes are printed too; they agree up to float rounding.
+Reported per mode: trainable parameters, seconds per step (best of the rounds), learner tokens/s
+(every token of every trained sequence, divided by the step's time: the same work in every mode),
+and memory: how far RSS rose above its level before the step (sampled every 10 ms). Loss and
+gradient norm are printed too: the full modes agree up to float rounding.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ import statistics
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from toolgym.agents.chat import IM_END
@@ -47,7 +49,9 @@ from toolgym.agents.policy import ScriptedPolicy
 from toolgym.agents.rollout import read_trajectories, run_episode, write_trajectories
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.training.config import load_config
-from toolgym.training.rollouts import Group, make_env
+from toolgym.training.grpo import StepPlan, accumulate_gradients, plan_step
+from toolgym.training.lora import trainable_count
+from toolgym.training.rollouts import make_env
 from toolgym.training.trainer import Trainer
 
 TOOLS = ["answer", "search"]
@@ -113,15 +117,15 @@ def scripted_turns(policy: ScriptedPolicy, sample: int, max_tokens: int, gold: s
     return turns
 
 
-async def make_group(trainer: Trainer, *, sample: bool) -> list[Trajectory]:
-    """One group of the demo's first task with both tools: sampled by the policy, or scripted turns."""
+async def make_group(trainer: Trainer, index: int, *, sample: bool) -> list[Trajectory]:
+    """Group ``index`` of the run's task order with both tools: sampled by the policy, or scripted turns."""
     config = trainer.config
-    task = trainer.sampler.task(0)
+    task = trainer.sampler.task(index)
     envs = [make_env(config.env.id, dict(config.env.kwargs)) for _ in range(config.train.group_size)]
     try:
         episodes = []
         for i, env in enumerate(envs):
-            seed = trainer.sampler.episode_seed(0, i)
+            seed = trainer.sampler.episode_seed(index, i)
             sampling = SamplingParams(
                 max_tokens=config.sampling.max_tokens, temperature=config.sampling.temperature, seed=seed
             )
@@ -130,7 +134,7 @@ async def make_group(trainer: Trainer, *, sample: bool) -> list[Trajectory]:
                 policy = ScriptedPolicy([], tokenizer=trainer.policy.tokenizer)
                 policy.template = trainer.policy.template
                 gold = next(t.reference[0] for t in env.unwrapped.tasks if t.id == task)
-                policy.turns = scripted_turns(policy, i, config.sampling.max_tokens, gold)
+                policy.turns = scripted_turns(policy, i % len(QUERIES), config.sampling.max_tokens, gold)
             episodes.append(
                 run_episode(
                     env,
@@ -148,98 +152,147 @@ async def make_group(trainer: Trainer, *, sample: bool) -> list[Trajectory]:
             env.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=2, help="timed steps per mode (alternating)")
-    parser.add_argument(
-        "--trajectories",
-        type=Path,
-        default=Path("runs/bench-learner-group.jsonl"),
-        help="the group's JSONL: reused when it exists, written otherwise",
-    )
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (the demo uses 2)")
-    parser.add_argument("--sample", action="store_true", help="sample the group with the policy")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a group of 2 and the tiny byte-level model instead of SmolLM2: runs the script end to end in "
-        "seconds for tests; its numbers mean nothing",
-    )
-    args = parser.parse_args()
-
-    overrides = [f"policy.threads={args.threads}", "train.skip_zero_variance=false"]
-    smoke = ["train.group_size=2", "policy.kind=tiny", "policy.tiny_hidden=32"] if args.smoke else []
-    config = load_config("demo", [*overrides, *smoke])
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(config, run_dir)
-        try:
-            run(trainer, args)
-        finally:
-            trainer.close()
+MODES = {
+    "full-unshared": (False, False, False),
+    "full-group": (False, True, False),
+    "full-step": (False, True, True),
+    "lora-step": (True, True, True),
+}
 
 
-def run(trainer: Trainer, args: argparse.Namespace) -> None:
-    print(f"model loaded; load average {os.getloadavg()[0]:.1f}", flush=True)
+def timed_step(
+    trainer: Trainer, plan: StepPlan, *, share: bool, across: bool
+) -> tuple[float, PeakRSS, float, float]:
+    """One learner step (gradient over the plan, clip, optimizer step): seconds, memory, loss, grad norm."""
+    tc = trainer.config.train
+    trainer.optimizer.zero_grad()
+    with PeakRSS() as memory:
+        t0 = time.perf_counter()
+        sums = accumulate_gradients(
+            trainer.model,
+            plan,
+            tc.loss_config(),
+            micro_batch=tc.micro_batch,
+            temperature=trainer.config.sampling.temperature,
+            share_prefix=share,
+            share_across_groups=across,
+        )
+        norm = trainer.optimizer.step(tc.max_grad_norm)
+        seconds = time.perf_counter() - t0
+    return seconds, memory, sums.pg, norm
+
+
+def run(trainers: dict[bool, Trainer], args: argparse.Namespace) -> None:
+    first = trainers[False]
+    print(f"models loaded; load average {os.getloadavg()[0]:.1f}", flush=True)
     if args.trajectories.exists():
         trajectories = read_trajectories(args.trajectories)
-        print(f"group: {len(trajectories)} trajectories from {args.trajectories}")
+        print(f"groups: {len(trajectories)} trajectories from {args.trajectories}")
     else:
         t0 = time.perf_counter()
-        trajectories = asyncio.run(make_group(trainer, sample=args.sample))
+        trajectories = [
+            t for g in range(args.groups) for t in asyncio.run(make_group(first, g, sample=args.sample))
+        ]
         args.trajectories.parent.mkdir(parents=True, exist_ok=True)
         write_trajectories(args.trajectories, trajectories, append=False)
         how = "sampled" if args.sample else "scripted"
-        print(f"group: {how} {len(trajectories)} trajectories in {time.perf_counter() - t0:.0f} s")
-    group = Group(index=0, task_id=trajectories[0].task_id, trajectories=tuple(trajectories))
+        print(f"groups: {how} {len(trajectories)} trajectories in {time.perf_counter() - t0:.0f} s")
+    size = first.config.train.group_size
+    groups = [tuple(trajectories[i : i + size]) for i in range(0, len(trajectories), size)]
+    plan = plan_step(groups, format_credit=first.config.train.format_credit)
     lengths = [len(t.token_ids) for t in trajectories]
-    prefix = 0
-    while all(len(t.token_ids) > prefix for t in trajectories) and (
-        len({t.token_ids[prefix] for t in trajectories}) == 1
-    ):
-        prefix += 1
     print(
-        f"sequence lengths {lengths}, sampled tokens {[sum(t.loss_mask) for t in trajectories]}, "
-        f"common prefix {prefix} tokens, turns {[t.metrics.get('env/turns') for t in trajectories]}"
+        f"{len(groups)} groups x {size}: sequence lengths {min(lengths)}-{max(lengths)}, "
+        f"{sum(lengths)} tokens, {plan.tokens} sampled; {len(plan.samples)} sequences train"
     )
-
-    weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-    optimizer = copy.deepcopy(trainer.optimizer.state_dict())
-    base = trainer.config
-    results: dict[bool, list[tuple[float, PeakRSS, dict]]] = {False: [], True: []}
+    state = {
+        lora: (
+            {k: v.detach().clone() for k, v in t.model.state_dict().items()},
+            copy.deepcopy(t.optimizer.state_dict()),
+        )
+        for lora, t in trainers.items()
+    }
+    modes = [m for m in args.modes.split(",") if m]
+    results: dict[str, list[tuple[float, PeakRSS, float, float]]] = {m: [] for m in modes}
     for r in range(args.rounds):
-        for share in (False, True):
+        for mode in modes:
+            lora, share, across = MODES[mode]
+            trainer = trainers[lora]
+            weights, optimizer = state[lora]
             trainer.model.load_state_dict(weights)
             trainer.optimizer.load_state_dict(optimizer)
-            trainer.config = replace(base, train=replace(base.train, share_prefix=share))
-            with PeakRSS() as memory:
-                t0 = time.perf_counter()
-                learn = asyncio.run(trainer._learn([group]))  # the trainer's own learner step
-                seconds = time.perf_counter() - t0
-            results[share].append((seconds, memory, learn))
-            print(f"round {r + 1} share_prefix={str(share).lower()}: {seconds:.1f} s")
+            results[mode].append(timed_step(trainer, plan, share=share, across=across))
+            print(f"round {r + 1} {mode}: {results[mode][-1][0]:.1f} s", flush=True)
 
     tokens = sum(lengths)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
-        f"\nlearner step, 1 group x {len(lengths)} sequences, {tokens} tokens, micro_batch {base.train.micro_batch}"
+        f"\nlearner step, {len(groups)} groups x {size} sequences, {tokens} tokens, micro_batch {first.config.train.micro_batch}"
     )
     print(
-        "| share_prefix | s/step (best) | s/step (median) | tokens/s | RSS rise in step | loss/pg | grad norm |"
+        "| mode | trainable params | s/step (best) | s/step (median) | tokens/s | RSS rise in step | loss/pg | grad norm |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     best = {}
-    for share in (False, True):
-        runs = results[share]
-        best[share] = min(s for s, _, _ in runs)
-        rise = max(m.rise for _, m, _ in runs) / 2**20
-        learn = runs[0][2]
+    for mode in modes:
+        runs = results[mode]
+        best[mode] = min(x[0] for x in runs)
+        rise = max(x[1].rise for x in runs) / 2**20
+        _, _, pg, norm = runs[0]
+        params = trainable_count(trainers[MODES[mode][0]].model)
         print(
-            f"| {str(share).lower()} | {best[share]:.1f} | {statistics.median(s for s, _, _ in runs):.1f} | "
-            f"{tokens / best[share]:.0f} | {rise:.0f} MiB | {learn.losses.pg:+.6f} | {learn.grad_norm:.6f} |"
+            f"| {mode} | {params / 1e6:.2f}M | {best[mode]:.1f} | {statistics.median(x[0] for x in runs):.1f} | "
+            f"{tokens / best[mode]:.0f} | {rise:.0f} MiB | {pg:+.6f} | {norm:.6f} |"
         )
-    print(
-        f"\nspeed-up (best s/step, off / on): {best[False] / best[True]:.2f}x; process peak RSS {peak:.0f} MiB"
+    base = modes[0]
+    ratios = "; ".join(f"{m}: {best[base] / best[m]:.2f}x the speed of {base}" for m in modes[1:])
+    print(f"\n{ratios}; process peak RSS {peak:.0f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="timed steps per mode (alternating)")
+    parser.add_argument("--config", default="learn", help="the shipped config whose shapes to use")
+    parser.add_argument("--groups", type=int, default=6, help="groups in the step")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--lora-rank", type=int, default=16, help="rank of the lora-* modes")
+    parser.add_argument(
+        "--trajectories",
+        type=Path,
+        default=Path("runs/bench-learner-groups.jsonl"),
+        help="the groups' JSONL: reused when it exists, written otherwise",
     )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--sample", action="store_true", help="sample the groups with the policy")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="groups of 2 and the tiny byte-level model instead of SmolLM2: runs the script end to end in "
+        "seconds for tests; its numbers mean nothing",
+    )
+    args = parser.parse_args()
+    unknown = [m for m in args.modes.split(",") if m and m not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+
+    overrides = [
+        f"policy.threads={args.threads}",
+        "train.skip_zero_variance=false",
+        "policy.kind=hf",
+        "heldout.n=0",
+    ]
+    smoke = ["train.group_size=2", "policy.kind=tiny", "policy.tiny_hidden=32"] if args.smoke else []
+    with tempfile.TemporaryDirectory() as full_dir, tempfile.TemporaryDirectory() as lora_dir:
+        trainers: dict[bool, Trainer] = {}
+        try:
+            trainers[False] = Trainer(load_config(args.config, [*overrides, *smoke]), full_dir)
+            if any(MODES[m][0] for m in args.modes.split(",") if m in MODES):
+                lora = [f"train.lora_rank={args.lora_rank}"]
+                trainers[True] = Trainer(load_config(args.config, [*overrides, *smoke, *lora]), lora_dir)
+            run(trainers, args)
+        finally:
+            for trainer in trainers.values():
+                trainer.close()
 
 
 if __name__ == "__main__":

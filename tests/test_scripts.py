@@ -134,7 +134,7 @@ def test_bench_eval():
 def test_bench_learner(tmp_path):
     # --smoke: the demo's environment and learner step on a group of 2, with the tiny byte-level model
     out = run("bench/learner.py", "--smoke", "--rounds", "1", "--trajectories", tmp_path / "group.jsonl")
-    assert "speed-up (best s/step, off / on):" in out
+    assert "| lora-step |" in out and "x the speed of full-unshared" in out
 
 
 @pytest.mark.slow

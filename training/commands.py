@@ -14,6 +14,7 @@ from typing import Any
 
 from toolgym.trackers import Trackers, check_trackers, open_trackers
 from toolgym.training.config import load_config, to_dict
+from toolgym.training.progress import RunProgress
 from toolgym.training.trainer import Trainer
 
 __all__ = ["heldout_metrics", "report_command", "train_command"]
@@ -23,23 +24,31 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     """``toolgym train --config FILE|NAME [key=value ...] --out DIR``; resumes if DIR holds a checkpoint."""
     config = load_config(config_path, overrides)
     check_trackers(config.train.loggers)  # a missing package stops the run before any work
+    _exit_cleanly_on_sigterm()
     trackers = Trackers()
+    progress = RunProgress()
     try:
-        trainer = Trainer(config, out_dir)  # a wrong env or policy stops it before a tracker run exists
+        progress.line(f"loading the policy ({config.policy.kind}) and {len(config.envs)} environment(s)")
+        trainer = Trainer(
+            config, out_dir, progress=progress
+        )  # a wrong env or policy stops it before a tracker run exists
         try:
             trainer.trackers = trackers = open_trackers(
                 config.train.loggers, out_dir, config=to_dict(config), kind="train"
             )
-            trainer.resume()
+            if trainer.resume():
+                progress.line(f"resumed {out_dir} at step {trainer.step}")
             asyncio.run(trainer.run())
             train_ids = list(trainer.task_ids)  # the warm start samples these too
-            step = trainer.step
+            step, warm_started = trainer.step, trainer.warm_started
         finally:
             trainer.close()  # frees the learner before the held-out evaluation loads its policies
         if config.heldout.n:
-            from toolgym.training.heldout import heldout_table, run_heldout
+            from toolgym.training.heldout import heldout_table
+            from toolgym.training.heldout_run import run_heldout
 
-            summary = asyncio.run(run_heldout(config, out_dir, train_ids))
+            progress.line(f"held-out evaluation: {config.heldout.n} tasks of split {config.heldout.split!r}")
+            summary = asyncio.run(run_heldout(config, out_dir, train_ids, warm_started=warm_started))
             print(heldout_table(summary))
             _track_heldout(trackers, step, summary)
     finally:
@@ -47,14 +56,32 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     return Path(out_dir)
 
 
+def _exit_cleanly_on_sigterm() -> None:
+    """``kill`` (SIGTERM) unwinds the run like Ctrl-C: the ``finally`` blocks close the vLLM engine's
+    processes and the environments, instead of leaving them running. A resume picks up from the last
+    checkpoint either way."""
+    import signal
+    import threading
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
 def heldout_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     """The held-out ``summary.json`` as flat metrics: ``heldout/<track>/{base,trained,diff,...}``."""
     out: dict[str, float] = {}
     for row in summary["tracks"]:
         prefix = f"heldout/{row['harness']}"
-        for key in ("base", "trained", "diff", "base_em", "trained_em"):
-            out[f"{prefix}/{key}"] = float(row[key])
-        out[f"{prefix}/ci_low"], out[f"{prefix}/ci_high"] = (float(v) for v in row["ci"])
+        for key in ("base", "control", "trained", "diff", "rl_diff", "base_em", "control_em", "trained_em"):
+            if key in row:
+                out[f"{prefix}/{key}"] = float(row[key])
+        for key in ("ci", "rl_ci"):
+            if key in row:
+                name = key.replace("ci", "")
+                out[f"{prefix}/{name}ci_low"], out[f"{prefix}/{name}ci_high"] = (float(v) for v in row[key])
     return out
 
 

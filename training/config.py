@@ -109,6 +109,9 @@ class PolicyConfig:
             evaluation with ``heldout.engine = "hf"``) run there too.
         engine_kwargs: ``vllm`` only: further ``vllm.AsyncEngineArgs`` fields (e.g.
             ``{ enforce_eager = true }``).
+        cpu_reserved: ``vllm`` on CPU only: cores kept from the engine for the learner (-1 = vLLM's
+            choice, which keeps one; 0 = every core serves, right when rollouts and learning take
+            turns, ``train.max_off_policy_steps = 0``).
     """
 
     kind: str = "hf"
@@ -123,6 +126,7 @@ class PolicyConfig:
     gpu_memory_utilization: float = 0.5
     learner_device: str = "cpu"
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    cpu_reserved: int = -1
 
     def __post_init__(self) -> None:
         kinds = ["hf", "vllm", "tiny"]

@@ -111,7 +111,11 @@ def export_model(
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared like any model dir
-        model.save_pretrained(tmp, safe_serialization=True)
+        from toolgym.training.lora import is_lora, plain_state_dict
+
+        # LoRA adapters are merged in: an export is an ordinary model directory
+        state = plain_state_dict(model) if is_lora(model) else None
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
         # NOTE: the tokenizer may be a live policy's; its own template is restored (toolgym renders
         # prompts with ChatMLTemplate, never with the tokenizer's template).
         previous, tokenizer.chat_template = tokenizer.chat_template, CHAT_TEMPLATE
@@ -190,6 +194,16 @@ def export_from_checkpoint(run_dir: str | Path, *, keep: int = DEFAULT_KEEP) -> 
     assert state is not None  # checked above
     model_dir = resolve_model_dir(policy_config.get("model") or None)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    train = json.loads(config_path.read_text(encoding="utf-8")).get("train", {})
+    if int(train.get("lora_rank", 0)):  # the checkpoint holds the adapters; the export merges them
+        from toolgym.training.lora import LoraSettings, apply_lora
+
+        settings = LoraSettings(
+            rank=int(train["lora_rank"]),
+            alpha=float(train.get("lora_alpha", 16.0)),
+            targets=tuple(train.get("lora_targets", LoraSettings().targets)),
+        )
+        apply_lora(model, settings)
     try:
         model.load_state_dict(state["model"], strict=True)
     except (RuntimeError, KeyError) as exc:

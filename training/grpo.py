@@ -9,8 +9,8 @@
 4. **loss** — micro-batch by micro-batch, the configured surrogate on mask-1 tokens
    (:func:`~toolgym.training.loss.policy_loss`: token or sequence ratio, clip, dual clip, truncated
    importance sampling), each token weighted by the step's aggregation (token mean, sequence mean or
-   a constant normaliser); gradients accumulate, the shared prompt prefix of a group is computed once
-   (:mod:`toolgym.training.prefix`) (:func:`accumulate_gradients`).
+   a constant normaliser); gradients accumulate; the step's common prompt is computed once and each
+   group's shared prefix once on top of it (:mod:`toolgym.training.prefix`) (:func:`accumulate_gradients`).
 5. **update** — clip the gradient norm and step the optimizer (fp32 master weights, the lr schedule:
    :mod:`toolgym.training.optim`); the trainer publishes the new weights.
 
@@ -152,23 +152,41 @@ def accumulate_gradients(
     temperature: float,
     share_prefix: bool = True,
     reference: torch.nn.Module | None = None,
+    share_across_groups: bool = True,
 ) -> LossSums:
     """Step 4: the loss's gradient over the plan's samples, accumulated into ``model``'s ``.grad``.
 
     With ``share_prefix`` each group is scored on its own, its shared prompt prefix computed once
     (same logprobs and gradient, a fraction of the compute); without it the step's samples stream
-    through micro-batches in order, each a full forward pass. Every micro-batch's terms are already
-    weighted for the whole step, so the sums are the full-batch values.
+    through micro-batches in order, each a full forward pass. With ``share_across_groups`` (and several
+    groups) the prompt every group starts with is computed once for the step, each group's own
+    prefix on top of it. Every micro-batch's terms are already weighted for the whole step, so the
+    sums are the full-batch values.
     """
     for sample in plan.samples:
         check_token_receipt(sample.trajectory)
     tokens, sequences = plan.tokens, len(plan.samples)
     sums = LossSums()
+    root = None  # the step's common context (system text, tools, worked example), run once
+    if share_prefix and share_across_groups and len(plan.groups) > 1:
+        root = SequenceScorer(
+            model,
+            [s.trajectory.token_ids for s in plan.samples],
+            temperature=temperature,
+            masks=[s.trajectory.loss_mask for s in plan.samples],
+            entropy=True,
+        )
     for unit in plan.groups if share_prefix else (plan.samples,):
         seqs = [s.trajectory.token_ids for s in unit]
         masks = [s.trajectory.loss_mask for s in unit]  # where the loss reads logprobs
         scorer = SequenceScorer(
-            model, seqs, temperature=temperature, share_prefix=share_prefix, masks=masks, entropy=True
+            model,
+            seqs,
+            temperature=temperature,
+            share_prefix=share_prefix,
+            masks=masks,
+            entropy=True,
+            parent=root,
         )
         ref = None
         if reference is not None:  # the KL's reference model: scored the same way, no graph
@@ -200,6 +218,8 @@ def accumulate_gradients(
             ent = 0.0 if entropy is None else float((entropy * batch.mask).sum()) / max(tokens, 1)
             sums = sums.add(terms, mismatch_kl(batch.behaviour, logp, batch.mask, tokens), entropy=ent)
         scorer.backward()  # the shared prefix's share of the gradient, once per group
+    if root is not None:
+        root.backward()  # and the step's common context's, once per step
     return sums
 
 

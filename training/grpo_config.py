@@ -15,10 +15,11 @@ from toolgym.training.lora import LoraSettings
 from toolgym.training.objective import LossConfig
 from toolgym.training.optim import ScheduleConfig
 
-__all__ = ["TASK_FILTERS", "GRPOConfig"]
+__all__ = ["TASK_FILTERS", "TASK_POOLS", "GRPOConfig"]
 
-#: Train-split task selection (``train.task_filter``).
+#: Train-split task selection (``train.task_filter``, while training; ``train.task_pool``, before).
 TASK_FILTERS = ("none", "pass_rate")
+TASK_POOLS = ("all", "reference")
 
 
 @dataclass(frozen=True)
@@ -27,21 +28,23 @@ class GRPOConfig:
 
     Attributes:
         steps: optimizer steps to run.
-        tasks_per_step: groups per step (distinct tasks).
+        tasks_per_step: groups per step (distinct tasks); with ``dynamic_sampling``, the informative
+            groups a step wants at least.
         group_size: samples per task (G); advantages are relative within a group.
         lr, weight_decay, max_grad_norm, betas: AdamW and gradient clipping.
         clip_low, clip_high: ratio clip range ``[1 - clip_low, 1 + clip_high]``.
         kl_coef: weight of the k3 KL to the initial model (0 = no reference model is kept).
         normalize_std: divide advantages by the group's std (GRPO) or only centre them.
         skip_zero_variance: leave groups whose rewards are all equal out of the loss (no signal).
-        max_off_policy_steps: a group sampled more than this many policy versions ago is dropped; also
-            how far rollouts may run ahead of the learner (0 = fully synchronous and deterministic).
-        rollout_workers: groups generated concurrently.
-        queue_size: finished groups buffered between the workers and the learner.
+        max_off_policy_steps: how many steps rollouts run ahead of the learner (0 = synchronous:
+            every group is sampled by the weights it trains); a group older than this is dropped.
+        rollout_workers: groups sampled concurrently (a wave of groups runs at once when there are
+            as many workers; a vLLM engine batches every episode in flight).
         micro_batch: sequences per forward/backward pass in the learner.
-        share_prefix: compute each group's common prompt prefix once per step and score only each
-            sample's suffix against it (same logprobs and gradient up to float rounding, several times
-            less compute); ``false`` runs every sequence in full (the control the learner bench uses).
+        share_prefix: compute the prompt every group of the step starts with once, each group's
+            common prefix once on top of it, and score only each sample's suffix against them (same
+            logprobs and gradient up to float rounding, several times less compute); ``false`` runs
+            every sequence in full (the control the learner bench uses).
         checkpoint_every: steps between checkpoints (0 = only at the end).
         seed: seeds task order, sampling, the model init (``tiny``) and the curriculum.
         format_credit: optional shaped credit added to the verifier's reward for the learner only
@@ -72,15 +75,21 @@ class GRPOConfig:
         lora_alpha: LoRA's scale numerator (the adapter is scaled by ``lora_alpha / lora_rank``).
         lora_targets: the Linear layers that get adapters (by name).
         lora_dropout: dropout on the adapters' input (0 keeps sampling and scoring identical).
-        dynamic_sampling: drop groups without reward variance (they carry no gradient) and sample
-            replacements until the step has ``tasks_per_step`` informative groups or has drawn
+        dynamic_sampling: drop groups without reward variance (they carry no gradient) and draw more
+            until the step has ``tasks_per_step`` informative groups or has drawn
             ``max_groups_per_step``; dropped groups are logged (``trained: false``) and counted.
         max_groups_per_step: the most groups one step may draw with ``dynamic_sampling`` (0 = three
-            times ``tasks_per_step``). A step that finds no informative group within it takes no
-            optimizer step, says so, and the run goes on.
+            times ``tasks_per_step``). Groups are drawn in waves sized by the run's informative share
+            so far, and every informative group of a wave trains (a step may train more than
+            ``tasks_per_step``). A step that finds no informative group within it takes no optimizer
+            step, says so, and the run goes on.
         task_filter: ``none``, or ``pass_rate``: a task whose last group had no reward variance on the
             train split (solved by every sample, or by none) is skipped the next time the epoch order
             reaches it (then tried again); only training groups feed it.
+        task_pool: ``all`` training tasks, or ``reference``: only those the environment's
+            ``reference_rule`` solves at ``task_pool_min_reward`` (decided once, model-free, before
+            training; the warm start still draws from all of them).
+        task_pool_min_reward: the reward a reference demonstration must reach for its task to stay.
     """
 
     steps: int = 20
@@ -97,7 +106,6 @@ class GRPOConfig:
     skip_zero_variance: bool = True
     max_off_policy_steps: int = 1
     rollout_workers: int = 2
-    queue_size: int = 4
     micro_batch: int = 4
     share_prefix: bool = True
     checkpoint_every: int = 1
@@ -123,6 +131,8 @@ class GRPOConfig:
     dynamic_sampling: bool = False
     max_groups_per_step: int = 0
     task_filter: str = "none"
+    task_pool: str = "all"
+    task_pool_min_reward: float = 0.5
 
     def __post_init__(self) -> None:
         from toolgym.trackers import parse_trackers
@@ -133,7 +143,6 @@ class GRPOConfig:
             "tasks_per_step",
             "group_size",
             "rollout_workers",
-            "queue_size",
             "micro_batch",
             "max_infra_groups",
         ):
@@ -165,6 +174,11 @@ class GRPOConfig:
             raise ConfigError(
                 f"train.max_groups_per_step ({self.max_groups_per_step}) is below train.tasks_per_step "
                 f"({self.tasks_per_step}): a step could never fill; raise it or set 0 (automatic)"
+            )
+        if self.task_pool not in TASK_POOLS:
+            raise ConfigError(
+                f"train.task_pool must be one of {', '.join(TASK_POOLS)}, got {self.task_pool!r}."
+                f"{did_you_mean(self.task_pool, TASK_POOLS)}"
             )
         if self.task_filter not in TASK_FILTERS:
             raise ConfigError(

@@ -6,8 +6,10 @@ split (tasks the run never sampled), both the policy it started from and its own
 export, on the same tasks, seeds and harness tracks, and writes the paired difference with a 95%
 bootstrap interval. ``toolgym report`` shows the table beside the training curves.
 
-Layout: ``RUN/heldout/base/`` and ``RUN/heldout/trained/`` are ordinary ``toolgym eval`` output
-directories (so ``toolgym compare`` works on them), ``RUN/heldout/summary.json`` holds the table.
+Layout: ``RUN/heldout/base/``, ``RUN/heldout/control/`` (the warm-start export, when the run warm-
+started: RL's control arm) and ``RUN/heldout/trained/`` are ordinary ``toolgym eval`` output
+directories (so ``toolgym compare`` works on them), ``RUN/heldout/summary.json`` holds the table. The
+evaluation itself is :func:`toolgym.training.heldout_run.run_heldout`.
 
 Honesty rules, enforced here: the evaluated tasks come from a split that is disjoint from the
 training tasks (a training task id among them is an error); which tasks are evaluated is fixed by the
@@ -21,9 +23,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from toolgym.core import TaskToolEnv
 from toolgym.errors import ConfigError
 
 __all__ = ["HeldoutConfig", "heldout_table", "read_heldout"]
@@ -94,18 +95,33 @@ class HeldoutConfig:
 
 
 def heldout_table(summary: Mapping[str, Any]) -> str:
-    """A plain-text table of a held-out ``summary.json`` (what the trainer prints)."""
+    """A plain-text table of a held-out ``summary.json`` (what the trainer prints).
+
+    With a control arm (the warm-start export) each track also shows it and RL's own share,
+    ``trained - control``, with its interval; the ``pooled`` row pairs each task across tracks.
+    """
+    rows = summary["tracks"]
+    control = any("control" in r for r in rows)
     lines = [
         f"held-out evaluation: {summary['env_id']} split={summary['split']}, n={summary['n']} tasks, "
         f"greedy, seed {summary['seed']}",
-        f"{'track':<10} {'base':>8} {'trained':>8} {'diff':>8}   95% CI            base EM  trained EM",
+        f"{'track':<10} {'base':>8} "
+        + (f"{'control':>8} " if control else "")
+        + f"{'trained':>8} {'diff':>8}   95% CI            "
+        + ("RL - control  95% CI            " if control else "")
+        + "base EM  trained EM",
     ]
-    for row in summary["tracks"]:
+    for row in rows:
         lo, hi = row["ci"]
-        lines.append(
-            f"{row['harness']:<10} {row['base']:>8.3f} {row['trained']:>8.3f} {row['diff']:>+8.3f}   "
-            f"[{lo:+.3f}, {hi:+.3f}]   {row['base_em']:>7.3f}  {row['trained_em']:>10.3f}"
-        )
+        text = f"{row['harness']:<10} {row['base']:>8.3f} "
+        if control:
+            text += f"{row.get('control', float('nan')):>8.3f} "
+        text += f"{row['trained']:>8.3f} {row['diff']:>+8.3f}   [{lo:+.3f}, {hi:+.3f}]   "
+        if control:
+            rl_lo, rl_hi = row.get("rl_ci", (float("nan"), float("nan")))
+            text += f"{row.get('rl_diff', float('nan')):>+12.3f}  [{rl_lo:+.3f}, {rl_hi:+.3f}]   "
+        text += f"{row['base_em']:>7.3f}  {row['trained_em']:>10.3f}"
+        lines.append(text)
     return "\n".join(lines)
 
 
@@ -125,137 +141,3 @@ def check_disjoint(train_ids: Sequence[str], heldout_ids: Sequence[str]) -> None
             f"the held-out tasks include {len(shared)} training task(s) (e.g. {shared[:3]}): set "
             "heldout.split to a split the run does not train on (train on split='train', evaluate 'test')"
         )
-
-
-def _summary_row(harness: str, base: Any, trained: Any, comparison: Any) -> dict[str, Any]:
-    track = next(t for t in comparison.tracks if t.harness == harness)
-    b = next(t for t in base.tracks if t.harness == harness)
-    t = next(t for t in trained.tracks if t.harness == harness)
-    return {
-        "harness": harness,
-        "n": track.n,
-        "base": track.reward_a,
-        "trained": track.reward_b,
-        "diff": track.diff,
-        "ci": [track.low, track.high],
-        "base_em": b.metrics.get("reward/em", b.success),
-        "trained_em": t.metrics.get("reward/em", t.success),
-        "base_tool_calls": b.tool_calls,
-        "trained_tool_calls": t.tool_calls,
-        "infra_dropped": track.infra_dropped,
-    }
-
-
-def _factories(
-    specs: Mapping[str, str], engine: str, config: Any, *, seed: int, max_model_len: int
-) -> dict[str, Any]:
-    """The policy factories of the two held-out evaluations.
-
-    With vLLM both share one engine: it starts on the base weights, and before the trained
-    evaluation the export's safetensors are loaded into it in place (which also clears the prefix
-    cache). That saves an engine start (about 40 s on 2 cores, most of it spawning and importing the
-    engine's processes) and gives the same greedy tokens as an engine started on the export, since the
-    weights, tokenizer and settings are the same (a test compares the two).
-    """
-    from toolgym.agents.exports import resolve_run_export
-    from toolgym.agents.specs import PolicyFactory, parse_policy_spec, policy_factory
-
-    def make(spec: str) -> Any:
-        return policy_factory(
-            spec,
-            env_id=config.env.id,
-            seed=seed,
-            max_model_len=max_model_len,
-            device=config.policy.learner_device,
-        )
-
-    base = make(specs["base"])
-    if engine != "vllm":
-        return {"base": base, "trained": make(specs["trained"])}
-    trained_spec = parse_policy_spec(specs["trained"])
-
-    def trained_on_base_engine() -> Any:
-        export = resolve_run_export(trained_spec.path or "", trained_spec.step)
-        policy = base()  # the base engine (started here when the base evaluation was already complete)
-        policy.load_weights(export / "model.safetensors", version=policy.policy_version + 1)
-        return policy
-
-    return {"base": base, "trained": PolicyFactory(trained_spec, trained_on_base_engine)}
-
-
-async def run_heldout(config: Any, run_dir: str | Path, train_task_ids: Sequence[str]) -> dict[str, Any]:
-    """Evaluate the base policy and the run's latest export on held-out tasks; write and return the table.
-
-    Both evaluations are ordinary resumable ``toolgym eval`` directories: a run killed during its
-    held-out evaluation picks up where it stopped when ``toolgym train`` is run again.
-    """
-    import gymnasium
-
-    from toolgym.agents.eval_runs import compare_runs, load_eval_run
-    from toolgym.agents.evaluate import evaluate
-    from toolgym.agents.specs import parse_policy_spec
-    from toolgym.core import SamplingParams
-
-    hc: HeldoutConfig = config.heldout
-    run_dir = Path(run_dir)
-    env_kwargs = {**dict(config.env.kwargs), **dict(hc.kwargs), "split": hc.split}
-    budget = hc.max_total_tokens or config.env.max_total_tokens
-    engine = hc.engine or ("vllm" if config.policy.kind == "vllm" else "hf")
-    if engine == "auto":
-        import importlib.util
-
-        engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    model = config.policy.model
-    if engine == "vllm":
-        specs = {"base": f"vllm:{model or 'smollm2'}", "trained": f"vllm:run:{run_dir}"}
-    else:
-        specs = {"base": f"hf:{model}" if model else "smollm2", "trained": f"run:{run_dir}"}
-    probe = gymnasium.make(config.env.id, **env_kwargs)
-    try:
-        check_disjoint(train_task_ids, cast(TaskToolEnv, probe.unwrapped).task_ids())
-    finally:
-        probe.close()
-    factories = _factories(specs, engine, config, seed=hc.seed, max_model_len=budget)
-    reports = {}
-    try:
-        for label, spec in specs.items():
-            log.info("held-out evaluation of %s (%s)", label, spec)
-            reports[label] = await evaluate(
-                config.env.id,
-                factories[label],
-                hc.harnesses,
-                n=hc.n,
-                seed=hc.seed,
-                concurrency=hc.concurrency,
-                sampling=SamplingParams(max_tokens=hc.max_tokens, temperature=0.0),
-                max_total_tokens=budget,
-                out_dir=run_dir / "heldout" / label,
-                env_kwargs=env_kwargs,
-                policy_label=spec,
-                policy_info=parse_policy_spec(spec).describe(),
-            )
-            if label == "base" and engine != "vllm":
-                factories[label].close()  # two transformers models need not be held at once
-    finally:
-        for factory in factories.values():
-            factory.close()
-    comparison = compare_runs(
-        load_eval_run(run_dir / "heldout" / "base"),
-        load_eval_run(run_dir / "heldout" / "trained"),
-        seed=hc.seed,
-    )
-    summary = {
-        "env_id": config.env.id,
-        "split": hc.split,
-        "metric": str(env_kwargs.get("metric", "the environment's reward")),
-        "n": len(reports["base"].task_ids),
-        "seed": hc.seed,
-        "policies": specs,
-        "tracks": [
-            _summary_row(h, reports["base"], reports["trained"], comparison)
-            for h in reports["base"].settings["harnesses"]
-        ],
-    }
-    path = run_dir / "heldout" / "summary.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    return summary

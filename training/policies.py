@@ -44,6 +44,7 @@ def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
             kv_cache_gib=pc.kv_cache_gib or None,
             gpu_memory_utilization=pc.gpu_memory_utilization,
             engine_kwargs=dict(pc.engine_kwargs),
+            cpu_reserved=pc.cpu_reserved if pc.cpu_reserved >= 0 else None,
         )
     from toolgym.agents.hf_policy import HFPolicy
 

@@ -25,6 +25,13 @@ context followed by the suffix's own validity, and their position ids continue f
 length, as in a full right-padded forward pass. Padding positions get garbage logprobs that the loss
 masks out, exactly as in :func:`~toolgym.training.loss.token_logprobs`.
 
+Two levels. A step's groups share more than their group: every SearchQA episode starts with the same
+system text, tool schemas and worked example, and only the question differs. A scorer built with
+``parent=`` (a scorer over the whole step) runs only the tokens after the parent's prefix, attending
+to the parent's key/value leaves; its :meth:`~SequenceScorer.backward` leaves the gradient on them,
+and the parent's ``backward``, called once after every group, sends it through the step's common
+context. Same values and gradient again; the common context runs once per step, not once per group.
+
 Sharing needs a common prefix of at least two tokens, two or more sequences and a model whose
 key/value cache is a plain per-layer concatenation (``transformers``' ``DynamicLayer``; sliding-window
 layers are not); otherwise the scorer falls back to the full forward pass per micro-batch.
@@ -76,6 +83,7 @@ class SequenceScorer:
         pad_id: int = 0,
         masks: Sequence[Sequence[int]] | None = None,
         entropy: bool = False,
+        parent: SequenceScorer | None = None,
     ) -> None:
         if not sequences:
             raise ValueError("SequenceScorer needs at least one sequence")
@@ -87,8 +95,16 @@ class SequenceScorer:
         self._leaves: list[torch.Tensor] = []  # detached KV copies, then the prefix logprobs
         self._roots: list[torch.Tensor] = []  # the same tensors inside the context's graph
         shared = common_prefix_length(sequences) if share_prefix and len(sequences) >= 2 else 0
-        if shared >= 2:
-            self._run_context(tuple(sequences[0][:shared]), masks)
+        prefix = tuple(sequences[0][:shared])
+        if (
+            parent is not None
+            and parent.prefix
+            and self.grad == parent.grad
+            and prefix[: parent.shared] == parent.prefix
+        ):
+            self._run_context_on(parent, prefix, masks)
+        elif shared >= 2:
+            self._run_context(prefix, masks)
 
     @property
     def shared(self) -> int:
@@ -111,6 +127,38 @@ class SequenceScorer:
             taken, ent = self._taken(out.logits, targets, keep)
             logp = taken[0]
             self._prefix_entropy = None if ent is None else ent[0]
+        roots = [t for layer in layers for t in (layer.keys, layer.values)] + [logp]
+        self._roots = roots if self.grad else []
+        self._leaves = [t.detach().requires_grad_(self.grad) for t in roots]
+        self.prefix = prefix
+
+    def _run_context_on(
+        self, parent: SequenceScorer, prefix: tuple[int, ...], masks: Sequence[Sequence[int]] | None
+    ) -> None:
+        """The context on top of ``parent``'s: only the tokens after the parent's prefix are run.
+
+        They attend to the parent's key/value leaves, so this context's graph ends in those leaves:
+        :meth:`backward` leaves their gradient there, and the parent's ``backward`` sends it on.
+        """
+        from transformers import DynamicCache
+
+        first = parent.shared
+        *kv, parent_logp = parent._leaves
+        if len(prefix) == first:  # nothing of its own: the parent's leaves are this scorer's too
+            self._leaves, self._roots, self.prefix = parent._leaves, [], prefix
+            self._prefix_entropy = parent._prefix_entropy
+            return
+        context = torch.tensor([prefix[first - 1 : -1]], dtype=torch.long, device=self.device)
+        past = DynamicCache(ddp_cache_data=[(kv[i], kv[i + 1]) for i in range(0, len(kv), 2)])
+        keep = self._read_rows(masks, first, len(prefix) - first)
+        with torch.set_grad_enabled(self.grad):
+            out = self.model(input_ids=context, past_key_values=past, use_cache=True, logits_to_keep=keep)
+            layers = out.past_key_values.layers
+            targets = torch.tensor([prefix[first:]], dtype=torch.long, device=self.device)
+            taken, ent = self._taken(out.logits, targets, keep)
+            logp = torch.cat([parent_logp, taken[0]])
+        if ent is not None and parent._prefix_entropy is not None:
+            self._prefix_entropy = torch.cat([parent._prefix_entropy, ent[0]])
         roots = [t for layer in layers for t in (layer.keys, layer.values)] + [logp]
         self._roots = roots if self.grad else []
         self._leaves = [t.detach().requires_grad_(self.grad) for t in roots]
@@ -217,6 +265,9 @@ class SequenceScorer:
         Call after the last micro-batch's ``loss.backward()``; the context's graph is freed. A no-op
         without sharing or without grad.
         """
+        if not self._roots:  # no graph of its own (no grad, no sharing, or the parent's leaves)
+            self._leaves = []
+            return
         pairs = [(root, leaf.grad) for root, leaf in zip(self._roots, self._leaves, strict=True)]
         self._roots, self._leaves = [], []
         pairs = [(root, g) for root, g in pairs if g is not None]

@@ -20,7 +20,7 @@ class _Task:
     def __init__(self, owner: RunProgress, name: str, total: float | None, completed: float) -> None:
         self.owner, self.name, self.total, self.completed = owner, name, total, completed
         self._bar: Any = None
-        self._shown = -1
+        self._shown = 0  # tenths already printed (the opening line stands for the 0th)
 
     def update(self, completed: float, *, total: float | None = None, note: str = "") -> None:
         """Move the bar (or print a line: always with ``note``, else at each tenth of ``total``)."""

@@ -31,6 +31,9 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Staleness (policy versions)", ("staleness/mean", "staleness/max")),
     ("Curriculum stage", ("curriculum/stage", "curriculum/*/stage")),
     ("Loss", ("loss/pg", "mismatch/kl")),
+    ("Entropy of the sampled tokens' distributions", ("loss/entropy",)),
+    ("Groups per step (drawn, informative)", ("groups/drawn", "groups/informative")),
+    ("Learning rate", ("train/lr",)),
 )
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 MAX_TRAJECTORIES = 48
@@ -179,23 +182,105 @@ def _trajectory_html(record: dict[str, Any]) -> str:
 
 
 def _heldout_html(run_dir: Path) -> str:
-    """The held-out table (base vs trained, per track, paired difference with its interval)."""
+    """The held-out table: base, control (the warm start) and trained per track and pooled, with the
+    paired differences and their intervals."""
     summary = read_heldout(run_dir)
     if summary is None:
         return ""
+    control = any("control" in r for r in summary["tracks"])
+
+    def cell(r: dict[str, Any], key: str, fmt: str = ".3f") -> str:
+        return f"<td>{format(r[key], fmt)}</td>" if key in r else "<td></td>"
+
+    def interval(r: dict[str, Any], key: str) -> str:
+        return f"<td>[{r[key][0]:+.3f}, {r[key][1]:+.3f}]</td>" if key in r else "<td></td>"
+
     rows = "".join(
-        f"<tr><td>{html.escape(r['harness'])}</td><td>{r['base']:.3f}</td><td>{r['trained']:.3f}</td>"
-        f"<td>{r['diff']:+.3f}</td><td>[{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]</td>"
-        f"<td>{r['base_em']:.3f}</td><td>{r['trained_em']:.3f}</td>"
-        f"<td>{r['base_tool_calls']:.2f}</td><td>{r['trained_tool_calls']:.2f}</td></tr>"
+        f"<tr><td>{html.escape(r['harness'])}</td>{cell(r, 'base')}"
+        + (cell(r, "control") if control else "")
+        + f"{cell(r, 'trained')}{cell(r, 'diff', '+.3f')}{interval(r, 'ci')}"
+        + (f"{cell(r, 'rl_diff', '+.3f')}{interval(r, 'rl_ci')}" if control else "")
+        + f"{cell(r, 'base_em')}{cell(r, 'trained_em')}{cell(r, 'base_tool_calls', '.2f')}"
+        f"{cell(r, 'trained_tool_calls', '.2f')}</tr>"
         for r in summary["tracks"]
+    )
+    head = "<th>base</th>" + ("<th>control (warm start)</th>" if control else "") + "<th>trained</th>"
+    head += "<th>trained &minus; base</th><th>95% CI</th>"
+    head += "<th>RL: trained &minus; control</th><th>95% CI</th>" if control else ""
+    reused = summary.get("reused") or {}
+    note = (
+        " Reused from earlier runs (same tasks, seeds, environment and weights): "
+        + ", ".join(f"{html.escape(k)} from {html.escape(v)}" for k, v in reused.items())
+        + "."
+        if reused
+        else ""
     )
     return f"""<h2>Held-out evaluation</h2>
 <p>{html.escape(str(summary["env_id"]))}, split <b>{html.escape(str(summary["split"]))}</b> (never trained on),
-{summary["n"]} tasks, greedy, same tasks and seeds for both policies. Reward: {html.escape(str(summary["metric"]))};
-difference = trained &minus; base, paired bootstrap 95% interval.</p>
-<table id="heldout"><tr><th>track</th><th>base</th><th>trained</th><th>difference</th><th>95% CI</th>
+{summary["n"]} tasks, greedy, same tasks and seeds for every policy. Reward: {html.escape(str(summary["metric"]))};
+differences are paired, with bootstrap 95% intervals; <i>pooled</i> pairs each task across tracks
+(its mean over tracks; tasks resampled).{" The control is the warm-start export: with train.lr = 0 the run would end there, so trained &minus; control is RL's own share." if control else ""}{note}</p>
+<table id="heldout"><tr><th>track</th>{head}
 <th>base EM</th><th>trained EM</th><th>base tool calls</th><th>trained tool calls</th></tr>{rows}</table>"""
+
+
+def _curve_html(run_dir: Path) -> str:
+    """The held-out curve during training (``heldout.every``), when the run has one."""
+    from toolgym.training.heldout_curve import read_curve
+
+    points = read_curve(run_dir)
+    if not points:
+        return ""
+    keys = sorted({k for p in points for k in p if k.startswith("heldout_curve/")})
+    series = {k.removeprefix("heldout_curve/"): [float(p.get(k, math.nan)) for p in points] for k in keys}
+    plot = _svg_plot("Held-out reward and EM during training (greedy)", [p["step"] for p in points], series)
+    rows = "".join(
+        f"<tr><td>{int(p['step'])}</td>"
+        + "".join(f"<td>{p.get(k, math.nan):.3f}</td>" for k in keys)
+        + "</tr>"
+        for p in points
+    )
+    head = "".join(f"<th>{html.escape(k.removeprefix('heldout_curve/'))}</th>" for k in keys)
+    return f"""<h2>Held-out curve</h2><div class="plots">{plot}</div>
+<table id="heldout-curve"><tr><th>step</th>{head}</tr>{rows}</table>"""
+
+
+def _prompts_html(run_dir: Path, metrics: list[dict[str, Any]], events: list[dict[str, Any]]) -> str:
+    """Which tools each phase's prompt offered: warm start, RL (by curriculum stage) and held-out."""
+    rows = []
+    warm = run_dir / "warm_start.json"
+    if warm.is_file():
+        tools = json.loads(warm.read_text(encoding="utf-8")).get("tools") or ["every tool of the environment"]
+        rows.append(("warm start", ", ".join(tools)))
+    config = (
+        json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        if (run_dir / "config.json").exists()
+        else {}
+    )
+    stages = config.get("curriculum", {}).get("stages") or []
+    if stages and metrics:
+        changes = [(0, 0)] + [(int(e.get("step", 0)), int(e["to"])) for e in events if "env" not in e]
+        last = int(metrics[-1]["step"])
+        for (begin, stage), (end, _) in zip(changes, [*changes[1:], (last, 0)], strict=True):
+            if begin < end:
+                rows.append((f"RL steps {begin + 1}-{end} (stage {stage})", ", ".join(stages[stage])))
+    elif metrics:
+        rows.append((f"RL steps 1-{int(metrics[-1]['step'])}", "every tool of the environment"))
+    summary = read_heldout(run_dir)
+    if summary is not None:
+        rows.append(("held-out", ", ".join(summary.get("tools") or ["every tool of the environment"])))
+    if not rows:
+        return ""
+    body = "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>" for a, b in rows)
+    informative = sum(m.get("groups/informative", 0.0) for m in metrics)
+    drawn = sum(m.get("groups/drawn", 0.0) for m in metrics)
+    groups = (
+        f'<p id="groups">{int(informative)} of {int(drawn)} groups drawn had reward variance and trained.</p>'
+        if drawn
+        else ""
+    )
+    return f"""<h2>Prompts by phase</h2><p>The tools each phase's system prompt offered.</p>
+<table id="prompts"><tr><th>phase</th><th>tools</th></tr>{body}</table>{groups}"""
 
 
 def _warm_start_html(run_dir: Path) -> str:
@@ -231,8 +316,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         f"<tr><td>{e.get('step', '')}</td><td>{e['from']} → {e['to']}</td><td>{html.escape(e['env'] + ': ' if 'env' in e else '')}{html.escape(e['signal'])}</td><td>{html.escape(', '.join(e['tools']))}</td></tr>"
         for e in events
     )
-    heldout = _heldout_html(run_dir)
-    warm = _warm_start_html(run_dir)
+    heldout = _heldout_html(run_dir) + _curve_html(run_dir)
+    warm = _warm_start_html(run_dir) + _prompts_html(run_dir, metrics, events)
     last = metrics[-1]
     summary = ", ".join(
         f"{k} = {last[k]:.3f}" for k in ("reward/mean", "reward/shaped_mean", "curriculum/stage") if k in last

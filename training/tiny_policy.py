@@ -84,8 +84,12 @@ class TinyPolicy(ChatPolicy):
         for _ in range(sampling.max_tokens):
             out = self.model(input_ids=ids, past_key_values=past, use_cache=True)
             past = out.past_key_values
-            logp = torch.log_softmax(out.logits[0, -1].float() / sampling.temperature, dim=-1)
-            token = int(torch.multinomial(logp.exp(), 1, generator=gen).item())
+            if sampling.temperature == 0:  # greedy; the logprob recorded is the model's own (T = 1)
+                logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+                token = int(torch.argmax(logp).item())
+            else:
+                logp = torch.log_softmax(out.logits[0, -1].float() / sampling.temperature, dim=-1)
+                token = int(torch.multinomial(logp.exp(), 1, generator=gen).item())
             out_ids.append(token)
             out_lps.append(float(logp[token]))
             if token == self.eos_token_id:

@@ -64,17 +64,18 @@ from toolgym.training.checkpoint import (
     save_checkpoint,
     truncate_to,
 )
+from toolgym.training.collect import StepCollector
 from toolgym.training.config import TrainConfig, to_dict
 from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.export import export_checkpoint
-from toolgym.training.grpo import StepPlan, StepResult, accumulate_gradients, informative, plan_step
+from toolgym.training.grpo import StepPlan, StepResult, accumulate_gradients, plan_step
 from toolgym.training.lora import apply_lora
 from toolgym.training.mixture import MixtureSampler, mixture_metrics, observe_curricula, probe_env
 from toolgym.training.optim import LearnerOptimizer
 from toolgym.training.policies import Closable, build_policy, learner_model, require_trainable
 from toolgym.training.progress import RunProgress
 from toolgym.training.rewards import shaped_reward
-from toolgym.training.rollouts import EnvRoute, Group, InfraGuard, RolloutWorkers, env_factory
+from toolgym.training.rollouts import EnvRoute, Group, RolloutWorkers, env_factory
 from toolgym.training.step_log import (
     LOG_FILES,
     group_records,
@@ -83,7 +84,7 @@ from toolgym.training.step_log import (
     write_step,
     write_train_manifest,
 )
-from toolgym.training.task_filter import PassRateFilter
+from toolgym.training.task_filter import PassRateFilter, task_pool
 
 __all__ = ["Trainer", "build_policy", "shaped_reward"]  # shaped_reward: re-exported
 
@@ -184,10 +185,8 @@ class Trainer:
         )
         self.warm_started = False
         self.step = 0
-        self.next_group = 0
-        self.dropped_groups = 0
         self.curve_steps: list[int] = []  # steps with a held-out curve point
-        self.infra_guard = InfraGuard(tc.max_infra_groups)
+        self.collector = StepCollector(config, self.progress)
         self.last_metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ state
@@ -198,9 +197,8 @@ class Trainer:
         }
         return {
             "step": self.step,
-            "next_group": self.next_group,
+            **self.collector.state_dict(),  # next_group, dropped_groups, groups_seen
             "policy_version": self.policy.policy_version,
-            "dropped_groups": self.dropped_groups,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "curriculum": self.curriculum.state_dict(),
@@ -229,9 +227,10 @@ class Trainer:
         if self.task_filter is not None and state.get("task_filter"):
             self.task_filter.load_state_dict(state["task_filter"])
         self.curve_steps = [int(s) for s in state.get("curve_steps", [])]
+        self.collector.load_state_dict(state)
         self.warm_started = bool(state.get("warm_started", False))
         restore_rng(state["rng"])
-        self.step, self.next_group = int(state["step"]), int(state["next_group"])
+        self.step = int(state["step"])
         version = int(state["policy_version"])
         if self.weight_sync is not None and version != self.policy.policy_version:
             if version < self.policy.policy_version:
@@ -242,7 +241,6 @@ class Trainer:
             self.weight_sync.sync(self.model, version)  # the engine serves the restored weights
         # an engine already at ``version`` is this process's own, which these weights came from
         self.policy.policy_version = version
-        self.dropped_groups = int(state["dropped_groups"])
         for name, size in state["log_sizes"].items():
             truncate_to(self.run_dir / name, int(size))
         for name in set(LOG_FILES) - set(state["log_sizes"]):  # a log newer than the checkpoint
@@ -263,7 +261,7 @@ class Trainer:
                 truncate_to(self.run_dir / name, 0)
             return False
         self.load_state_dict(state)
-        log.info("resumed %s at step %d (next group %d)", self.run_dir, self.step, self.next_group)
+        log.info("resumed %s at step %d (next group %d)", self.run_dir, self.step, self.collector.next_group)
         return True
 
     # ------------------------------------------------------------------ the loop
@@ -311,18 +309,22 @@ class Trainer:
                 max_tokens=self.config.sampling.max_tokens, temperature=self.config.sampling.temperature
             ),
             workers=tc.rollout_workers,
-            start=self.next_group,
+            start=self.collector.next_group,
             skip=self.task_filter.skip if self.task_filter is not None else None,
         )
-        window = (1 + tc.max_off_policy_steps) * tc.tasks_per_step
-        workers.admit(window, self.policy.policy_version)
+        pool = await task_pool(self.config, self.run_dir, self.task_ids, self.progress, self.policy)
+        if pool is not None:
+            self.sampler.samplers[0].task_ids = pool
+        self.collector.start(workers, self.policy.policy_version)
         history: list[dict[str, float]] = []
         mixed = self.config.is_mixture
         try:
             with self.progress.task("training", total=tc.steps, completed=self.step) as bar:
                 while self.step < tc.steps:
                     t0 = time.perf_counter()
-                    kept, stale, dropped = await self._collect(workers)
+                    kept, stale, dropped = await self.collector.collect(
+                        workers, self.policy.policy_version, self.step + 1
+                    )
                     wait, t1 = time.perf_counter() - t0, time.perf_counter()
                     result = await self._learn(kept, workers)
                     drawn = [g for g in kept] + [g for g, why in dropped if why != "stale"]
@@ -332,7 +334,7 @@ class Trainer:
                         self.task_filter.observe([(g.task_id, g.trajectories) for g in drawn])
                     self.step += 1
                     events = observe_curricula(self.curricula, self.env_names if mixed else None, drawn)
-                    workers.admit(max(window - workers.outstanding, 0), self.policy.policy_version)
+                    self.collector.admit_next(workers, self.policy.policy_version)
                     records = group_records(kept, result, dropped)
                     curriculum = mixture_metrics(self, drawn) if mixed else self.curriculum.metrics()
                     if self.task_filter is not None:
@@ -344,7 +346,7 @@ class Trainer:
                         step=self.step,
                         policy_version=self.policy.policy_version,
                         stale=stale,
-                        dropped_groups=self.dropped_groups,
+                        dropped_groups=self.collector.dropped_groups,
                         wait=wait,
                         t_learn=time.perf_counter() - t1,
                         curriculum=curriculum,
@@ -366,52 +368,6 @@ class Trainer:
             finally:
                 release()
         return history
-
-    async def _collect(
-        self, workers: RolloutWorkers
-    ) -> tuple[list[Group], list[int], list[tuple[Group, str]]]:
-        """The step's groups in index order: ``(kept, their staleness, dropped with the reason)``.
-
-        A group more than ``max_off_policy_steps`` versions old is dropped as ``stale``; with
-        ``dynamic_sampling`` a group without reward variance is dropped as ``zero_variance``. Each drop
-        admits a replacement at the current version while the step's budget allows.
-        """
-        tc = self.config.train
-        version = self.policy.policy_version
-        kept: list[Group] = []
-        staleness: list[int] = []
-        dropped: list[tuple[Group, str]] = []
-        drawn, budget, ahead = 0, tc.group_budget, tc.max_off_policy_steps * tc.tasks_per_step
-        while len(kept) < tc.tasks_per_step and drawn < budget:
-            if workers.outstanding == 0:
-                workers.admit(1, version)
-            group = await workers.next()
-            self.infra_guard.observe(group)  # raises InfraDown when the infrastructure stays down
-            self.next_group = group.index + 1
-            age = version - group.policy_version
-            if age > tc.max_off_policy_steps:
-                self.dropped_groups += 1
-                dropped.append((group, "stale"))
-                workers.admit(1, version)  # a replacement starts now, at this version
-                continue
-            drawn += 1
-            if tc.dynamic_sampling and not informative(group.trajectories, tc.format_credit, tc.answer_tool):
-                dropped.append((group, "zero_variance"))
-                if drawn + max(workers.outstanding - ahead, 0) < budget:
-                    workers.admit(1, version)
-                continue
-            staleness.append(age)
-            kept.append(group)
-        if not kept:
-            self.progress.line(f"step {self.step + 1}: no informative group among {drawn} drawn")
-            log.warning(
-                "step %d: none of the %d groups drawn had reward variance (train.max_groups_per_step = %d): "
-                "no optimizer step this step",
-                self.step + 1,
-                drawn,
-                budget,
-            )
-        return kept, staleness, dropped
 
     async def _learn(self, groups: Sequence[Group], workers: RolloutWorkers | None = None) -> StepResult:
         """Steps 2-3: plan and accumulate the gradient (in a thread, the workers keep sampling), then

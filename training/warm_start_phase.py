@@ -26,7 +26,7 @@ from toolgym.training.warm_start import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["WARM_START_KEYS", "reuse_warm_start", "run_warm_start"]
+__all__ = ["WARM_START_KEYS", "reuse_warm_start", "run_warm_start", "warm_start_tools"]
 
 
 async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
@@ -51,8 +51,7 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
         result = reuse_warm_start(ws.reuse, config, trainer.model)
         trainer.progress.line(f"warm start: reused {ws.reuse}")
     else:
-        stage0 = trainer.curriculum.config.stages[0] if trainer.curriculum.enabled else ()
-        tools = ws.tools or stage0
+        tools = warm_start_tools(config)
         policy_for = (
             reference_demonstrator(config.env.id, dict(config.env.kwargs), trainer.policy)
             if ws.source == "reference"
@@ -127,8 +126,11 @@ def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) ->
     differences += [
         f"warm_start.{k}: {theirs.get('warm_start', {}).get(k)!r} there, {v!r} here"
         for k, v in ours["warm_start"].items()
-        if k != "reuse" and theirs.get("warm_start", {}).get(k) != v
+        if k not in ("reuse", "tools") and theirs.get("warm_start", {}).get(k) != v
     ]
+    tools = list(warm_start_tools(config))  # the demonstrations' prompt, as that run recorded it
+    if sorted(result.get("tools") or []) != sorted(tools):
+        differences.append(f"the prompt's tools: {result.get('tools') or 'all'} there, {tools or 'all'} here")
     if differences:
         raise ConfigError(
             f"warm_start.reuse = {str(source)!r} is another warm start: {'; '.join(differences)}. "
@@ -146,11 +148,17 @@ def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) ->
     )
 
 
-#: What decides a warm start besides ``[warm_start]`` itself.
+#: What decides a warm start besides ``[warm_start]`` itself and the prompt's tools.
 WARM_START_KEYS = {
     "env": ("id", "kwargs", "harness", "max_total_tokens", "task_limit", "task_ids"),
     "policy": ("model",),
     "sampling": ("max_tokens",),
     "train": ("seed",),
-    "curriculum": ("stages",),
 }
+
+
+def warm_start_tools(config: Any) -> tuple[str, ...]:
+    """The tools the demonstrations' prompt offers: ``warm_start.tools``, else the first curriculum
+    stage's (the prompt RL starts from), else every tool (empty)."""
+    stages = config.curriculum.stages or (config.env.stages if config.env.stages else ())
+    return tuple(config.warm_start.tools or (stages[0] if stages else ()))

@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 def export_weights(model: Any, path: str | Path) -> Path:
     """Write a transformers model's weights to ``path`` as safetensors, with the checkpoint's names.
 
-    A tied output head (``lm_head.weight`` sharing the embedding's storage) is left out, as
+    LoRA adapters are merged in (:func:`~toolgym.training.lora.plain_state_dict`). A tied output head
+    (``lm_head.weight`` sharing the embedding's storage) is left out, as
     ``save_pretrained`` does; the engine re-ties it. The file appears atomically (written beside, then
     renamed), so a reader never sees half a file.
     """
@@ -45,7 +46,9 @@ def export_weights(model: Any, path: str | Path) -> Path:
     path = Path(path)
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     tensors = {}
-    for name, tensor in model.state_dict().items():
+    from toolgym.training.lora import plain_state_dict
+
+    for name, tensor in plain_state_dict(model).items():  # LoRA adapters merged in
         if tied and name == "lm_head.weight":
             continue
         tensors[name] = tensor.detach().to("cpu").contiguous()

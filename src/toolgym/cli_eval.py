@@ -243,7 +243,7 @@ def _print_comparison(comparison: Any) -> None:
     table = Table(title=f"B - A  ·  A = {comparison.a}  ·  B = {comparison.b}")
     for col in ("track", "pairs", "reward A", "reward B", "B - A", "95% bootstrap CI", "infra dropped"):
         table.add_column(col, justify="left" if col == "track" else "right")
-    for t in comparison.tracks:
+    for t in [*comparison.tracks, *([comparison.pooled] if comparison.pooled else [])]:
         table.add_row(
             t.harness,
             str(t.n),
@@ -254,10 +254,11 @@ def _print_comparison(comparison: Any) -> None:
             str(t.infra_dropped),
         )
     Console(width=140).print(table)
-    for t in comparison.tracks:
+    for t in [*comparison.tracks, *([comparison.pooled] if comparison.pooled else [])]:
+        unit = "tasks, tracks averaged" if t.harness == "pooled" else "episodes"
         print(
             f"paired reward difference B - A on {t.harness}: {t.diff:+.3f} "
-            f"(95% bootstrap CI [{t.low:+.3f}, {t.high:+.3f}], n={t.n} episodes)"
+            f"(95% bootstrap CI [{t.low:+.3f}, {t.high:+.3f}], n={t.n} {unit})"
         )
     for note in comparison.notes:
         print(f"note: the runs differ in {note}")

@@ -20,7 +20,7 @@ if os.environ.get("TOOLGYM_SKIP_VLLM") == "1":
     pytest.skip("TOOLGYM_SKIP_VLLM=1 asks to skip the vLLM engine tests", allow_module_level=True)
 
 
-def _export_perturbed_smollm2(run_dir) -> None:
+def _export_perturbed_smollm2(run_dir, step: int = 2, scale: float = 1.3) -> None:
     import torch
     import transformers
 
@@ -30,9 +30,9 @@ def _export_perturbed_smollm2(run_dir) -> None:
     base = smollm2_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     with torch.no_grad():
-        model.model.norm.weight.mul_(1.3)
+        model.model.norm.weight.mul_(scale)
     tokenizer = transformers.AutoTokenizer.from_pretrained(base)
-    export_model(run_dir, model, tokenizer, step=2, base_model=base_model_info(base))
+    export_model(run_dir, model, tokenizer, step=step, base_model=base_model_info(base), keep=3)
 
 
 async def test_base_engine_serves_the_trained_export_as_a_fresh_engine_would(tmp_path) -> None:
@@ -40,7 +40,7 @@ async def test_base_engine_serves_the_trained_export_as_a_fresh_engine_would(tmp
     from toolgym.agents.specs import policy_factory
     from toolgym.core import SamplingParams
     from toolgym.training.config import load_config
-    from toolgym.training.heldout import run_heldout
+    from toolgym.training.heldout_run import run_heldout
 
     run = tmp_path / "run"
     run.mkdir()
@@ -89,3 +89,45 @@ async def test_base_engine_serves_the_trained_export_as_a_fresh_engine_would(tmp
         assert t.token_ids == fresh[task_id].token_ids, task_id
         worst = max(abs(a - b) for a, b in zip(t.logprobs, fresh[task_id].logprobs, strict=True))
         assert worst < 1e-4, f"{task_id}: logprobs differ by {worst:.2e}"
+
+
+async def test_a_warm_started_run_is_compared_with_its_control_and_pooled(tmp_path) -> None:
+    """base, control (the step-0 export) and trained on one engine; RL's share and a pooled row; then a
+    second run reuses the first's base evaluation instead of running it again."""
+    from toolgym.training.config import load_config
+    from toolgym.training.heldout_run import run_heldout
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _export_perturbed_smollm2(run, step=0, scale=1.1)
+    _export_perturbed_smollm2(run, step=3, scale=1.3)
+    overrides = ["heldout.n=3", "heldout.max_tokens=12", "heldout.concurrency=6", "heldout.engine=vllm"]
+    config = load_config("demo", overrides)
+    summary = await run_heldout(config, run, train_task_ids=[], warm_started=True)
+    assert summary["policies"] == {
+        "base": "vllm:smollm2",
+        "control": f"vllm:run:{run}@0",
+        "trained": f"vllm:run:{run}",
+    }
+    rows = {r["harness"]: r for r in summary["tracks"]}
+    assert set(rows) == {"bare", "scaffold", "pooled"} and summary["reused"] == {}
+    for name in ("bare", "scaffold"):
+        row = rows[name]
+        assert row["rl_diff"] == pytest.approx(row["trained"] - row["control"])
+        assert row["warm_diff"] == pytest.approx(row["control"] - row["base"])
+        assert row["rl_ci"][0] <= row["rl_diff"] <= row["rl_ci"][1]
+    pooled = rows["pooled"]
+    assert pooled["diff"] == pytest.approx((rows["bare"]["diff"] + rows["scaffold"]["diff"]) / 2)
+    assert pooled["rl_diff"] == pytest.approx((rows["bare"]["rl_diff"] + rows["scaffold"]["rl_diff"]) / 2)
+    assert "summary.json" in {p.name for p in (run / "heldout").iterdir()}
+
+    other = tmp_path / "other"
+    other.mkdir()
+    _export_perturbed_smollm2(other, step=1, scale=1.2)
+    again = load_config(
+        "demo", [*overrides, f'heldout.reuse=["{run / "heldout" / "base"}", "{run / "heldout" / "trained"}"]']
+    )
+    second = await run_heldout(again, other, train_task_ids=[], warm_started=False)
+    assert second["reused"] == {"base": str(run / "heldout" / "base")}  # the trained weights differ
+    assert (other / "heldout" / "base" / "reused_from.txt").is_file()
+    assert second["tracks"][0]["base"] == summary["tracks"][0]["base"]

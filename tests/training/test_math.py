@@ -21,11 +21,14 @@ from toolgym.training.batching import (
 )
 from toolgym.training.grpo import plan_step
 from toolgym.training.loss import (
+    LossConfig,
     TokenFidelityError,
     check_token_receipt,
     clipped_pg_loss,
     k3_kl,
     mismatch_kl,
+    policy_loss,
+    token_weights,
 )
 from toolgym.training.rewards import shaped_reward
 
@@ -250,3 +253,117 @@ def test_loss_sums_and_mismatch_kl_add_up_over_micro_batches() -> None:
     assert sums.pg == 2 * terms.pg and sums.clip_frac == 2 * terms.clip_frac
     assert sums.ratio_mean == 2 * terms.ratio_mean and sums.kl == 0.0
     assert sums.as_dict()["mismatch_kl"] == 0.375
+
+
+# ----------------------------------------------------------------------------- loss variants
+def _variant(**kwargs) -> LossConfig:
+    return LossConfig(**kwargs)
+
+
+def test_token_weights_token_mean_seq_mean_and_constant() -> None:
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 0, 0]])
+    token = token_weights(mask, "token_mean", step_tokens=8, step_sequences=4)
+    assert token.tolist() == [[1 / 8, 1 / 8, 1 / 8, 0.0], [0.0, 1 / 8, 0.0, 0.0]]
+    seq = token_weights(mask, "seq_mean", step_tokens=8, step_sequences=4)  # each row's mean, over 4 rows
+    assert seq.flatten().tolist() == pytest.approx([1 / 12, 1 / 12, 1 / 12, 0.0, 0.0, 1 / 4, 0.0, 0.0])
+    constant = token_weights(mask, "constant", step_tokens=8, step_sequences=4, constant_norm=10)
+    assert constant.flatten().tolist() == pytest.approx([1 / 40, 1 / 40, 1 / 40, 0.0, 0.0, 1 / 40, 0.0, 0.0])
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        token_weights(mask, "mean", step_tokens=8, step_sequences=4)
+
+
+def test_seq_mean_weighs_sequences_not_tokens() -> None:
+    # on-policy (ratio 1): the loss is -sum(A * w); a 3-token sequence with A = 1 and a 1-token one
+    # with A = -1 cancel under seq_mean and do not under token_mean
+    logp = torch.zeros((2, 3), requires_grad=True)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    adv = torch.tensor([1.0, -1.0])
+    for agg, expected in (
+        ("token_mean", -(3 - 1) / 4),
+        ("seq_mean", -(1 - 1) / 2),
+        ("constant", -(3 - 1) / (2 * 5)),
+    ):
+        w = token_weights(mask, agg, step_tokens=4, step_sequences=2, constant_norm=5)
+        terms = policy_loss(logp, logp.detach(), adv, mask, w, _variant(agg=agg, constant_norm=5))
+        assert terms.loss.item() == pytest.approx(expected), agg
+
+
+def test_sequence_ratio_is_the_exp_of_the_mean_log_ratio_and_clips_whole() -> None:
+    behaviour = torch.zeros((1, 2))
+    logp = torch.tensor([[math.log(2.0), 0.0]], requires_grad=True)  # token ratios 2 and 1
+    mask = torch.ones((1, 2))
+    w = token_weights(mask, "seq_mean", step_tokens=2, step_sequences=1)
+    config = _variant(agg="seq_mean", ratio="sequence", clip_low=0.2, clip_high=10.0)
+    terms = policy_loss(logp, behaviour, torch.tensor([1.0]), mask, w, config)
+    s = math.sqrt(2.0)  # exp(mean(log 2, 0))
+    assert terms.loss.item() == pytest.approx(-s) and terms.ratio_mean == pytest.approx(s)
+    terms.loss.backward()
+    # d(-s)/dlogp_t = -s / |y| for every token of the sequence, whatever its own ratio
+    assert logp.grad.flatten().tolist() == pytest.approx([-s / 2, -s / 2])
+    clipped = policy_loss(
+        logp, behaviour, torch.tensor([1.0]), mask, w, _variant(agg="seq_mean", ratio="sequence")
+    )
+    assert clipped.loss.item() == pytest.approx(-1.2) and clipped.clip_frac == pytest.approx(1.0)
+
+
+def test_dual_clip_caps_negative_advantage_tokens() -> None:
+    behaviour = torch.zeros((1, 2))
+    logp = torch.tensor([[math.log(5.0), math.log(1.5)]])  # ratios 5 and 1.5
+    mask = torch.ones((1, 2))
+    w = token_weights(mask, "token_mean", step_tokens=2, step_sequences=1)
+    plain = policy_loss(logp, behaviour, torch.tensor([-1.0]), mask, w, _variant())
+    assert plain.loss.item() == pytest.approx((5.0 + 1.5) / 2)
+    dual = policy_loss(logp, behaviour, torch.tensor([-1.0]), mask, w, _variant(dual_clip=3.0))
+    assert dual.loss.item() == pytest.approx((3.0 + 1.5) / 2) and dual.dual_frac == pytest.approx(0.5)
+    positive = policy_loss(logp, behaviour, torch.tensor([1.0]), mask, w, _variant(dual_clip=3.0))
+    assert positive.dual_frac == 0.0  # only negative advantages are capped
+
+
+def test_truncated_importance_sampling_weights_and_gradient() -> None:
+    # learner logprobs above the sampler's by log 4 and by log 0.5: weights min(4, 2) = 2 and 0.5
+    behaviour = torch.tensor([[0.0, 0.0]])
+    logp = torch.tensor([[math.log(4.0), math.log(0.5)]], requires_grad=True)
+    mask = torch.ones((1, 2))
+    w = token_weights(mask, "token_mean", step_tokens=2, step_sequences=1)
+    terms = policy_loss(logp, behaviour, torch.tensor([1.0]), mask, w, _variant(tis_cap=2.0))
+    # the ratio is taken against the learner's own (detached) logprobs: 1 in value
+    assert terms.loss.item() == pytest.approx(-(2.0 + 0.5) / 2)
+    assert terms.tis_frac == pytest.approx(0.5) and terms.clip_frac == 0.0
+    terms.loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-2.0 / 2, -0.5 / 2])
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("loss_agg", "tokenmean", "Did you mean 'token_mean'"),
+        ("ratio", "seq", "Did you mean 'sequence'"),
+        ("lr_schedule", "cosin", "Did you mean 'cosine'"),
+        ("tis_cap", "1.0", "tis_cap must be > 1"),
+        ("tis_cap", "0.5", "tis_cap must be > 1"),
+        ("dual_clip", "1.0", "dual_clip must be > 1"),
+        ("task_filter", "passrate", "Did you mean 'pass_rate'"),
+        ("warmup_steps", "-1", "warmup_steps must be >= 0"),
+        ("lr", "-1e-5", "lr must be >= 0"),
+    ],
+)
+def test_bad_learner_settings_are_clear_errors(key: str, value: str, message: str) -> None:
+    from toolgym.errors import ConfigError
+    from toolgym.training.config import load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [f"train.{key}={value}"])
+
+
+def test_a_step_budget_below_the_groups_per_step_is_refused() -> None:
+    from toolgym.errors import ConfigError
+    from toolgym.training.config import load_config
+
+    with pytest.raises(ConfigError, match="could never fill"):
+        load_config(
+            None, ["train.dynamic_sampling=true", "train.tasks_per_step=4", "train.max_groups_per_step=3"]
+        )
+    assert (
+        load_config(None, ["train.dynamic_sampling=true", "train.tasks_per_step=4"]).train.group_budget == 12
+    )
+    assert load_config(None, ["train.tasks_per_step=4"]).train.group_budget == 4

@@ -8,7 +8,6 @@ its one backward through the prefix.
 
 from __future__ import annotations
 
-
 import random
 from collections.abc import Sequence
 from dataclasses import replace
@@ -160,6 +159,42 @@ def test_scorer_computes_only_the_positions_the_masks_read(tiny) -> None:
     assert float(((got - full) * read).abs().max()) < TOL
     unread = read.sum(dim=0) == 0  # positions no sample of the batch reads are never computed
     assert unread.any() and torch.equal(got[:, unread], torch.zeros_like(got[:, unread]))
+
+
+@pytest.mark.parametrize("question_lens", [(6, 9, 1), (0, 4, 7)])
+def test_a_steps_common_prompt_is_shared_across_groups_exactly(tiny, question_lens) -> None:
+    """Three groups: one prompt for all, then each group's own question (0 tokens: the groups'
+    prefixes end where the step's does), then per-sample turns. Two-level sharing (the step's prompt
+    once, each group's question once on top of it) gives the full passes' loss and gradient."""
+    from toolgym.training.grpo import StepPlan, accumulate_gradients
+    from toolgym.training.loss import LossConfig
+
+    rng = random.Random(5)
+    prompt = [rng.randrange(258) for _ in range(40)]
+    groups = []
+    for g, q in enumerate(question_lens):
+        question = [rng.randrange(258) for _ in range(q)]
+        samples = _group(258, 0, [5 + g, 3, 8], seed=20 + g)
+        group = []
+        for i, sample in enumerate(samples):
+            t = sample.trajectory
+            ids, mask = prompt + question + list(t.token_ids), [0] * (40 + q) + list(t.loss_mask)
+            group.append(_sample(ids, mask, advantage=sample.advantage, seed=30 + 3 * g + i))
+            group[-1] = replace(group[-1], group=g, index=i)
+        groups.append(tuple(group))
+    plan = StepPlan(advantages=tuple((0.0,) * 3 for _ in groups), groups=tuple(groups), zero_variance=0)
+    results = {}
+    for share in (False, True):
+        tiny.zero_grad(set_to_none=True)
+        sums = accumulate_gradients(
+            tiny, plan, LossConfig(), micro_batch=2, temperature=0.8, share_prefix=share
+        )
+        grads = {n: p.grad.detach().clone() for n, p in tiny.named_parameters() if p.grad is not None}
+        results[share] = (sums, grads)
+    (off, g_off), (on, g_on) = results[False], results[True]
+    assert on.pg == pytest.approx(off.pg, abs=TOL) and on.entropy == pytest.approx(off.entropy, abs=TOL)
+    assert on.mismatch_kl == pytest.approx(off.mismatch_kl, abs=TOL)
+    assert _max_diff(g_off, g_on) < TOL and max(float(g.abs().max()) for g in g_off.values()) > 1e-4
 
 
 def test_no_common_prefix_falls_back_to_full_passes(tiny) -> None:
