@@ -13,9 +13,10 @@ resources no process owns (descriptors in flight in a unix socket that holds its
 ``TIME_WAIT``). So after the clean-up the runner *measures* the container against its state before
 the first call (``sandbox_programs/baseline.py`` says exactly what "clean" means): free space and
 inodes of every writable mount, the memory cgroup's unreclaimable usage (within 16 MiB), the unix
-and inet sockets of its network namespace, and file locks on its own file systems. A container
-serves the next call only when all of these match, the cleaner succeeded, and clean-up and checks
-together took at most :data:`CLEANUP_BOUND_S`; anything else retires it. The verdict is part of the
+and inet sockets of its network namespace, and (when the call left anything to clean up) file
+locks on its own file systems. A container serves the next call only when all of these match, the
+cleaner succeeded, and clean-up and checks together took at most :data:`CLEANUP_BOUND_S`; anything
+else retires it. The verdict is part of the
 call: :meth:`ResidentRunner.call` returns only once it is known, so a call that leaves a slow
 clean-up (hundreds of thousands of names) pays for it (up to the bound) and the next call never
 waits for it. What the checks cost is in each verdict (``ms``) and in ``bench/sandbox.py``.

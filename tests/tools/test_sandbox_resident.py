@@ -86,7 +86,7 @@ def test_each_baseline_rule_names_what_is_still_held() -> None:
         "space": {"/work": (100, 50)},
         "memory": 10 << 20,
         "unix": {1, 2},
-        "inet": set(),
+        "inet": {"TCP inuse": 0, "TCP tw": 0},
         "locks": set(),
     }
     assert rules["compare"](base, dict(base)) == ""
@@ -96,16 +96,19 @@ def test_each_baseline_rule_names_what_is_still_held() -> None:
         "/work": dict(space={"/work": (99, 50)}),
         "memory": dict(memory=(11 << 20) + rules["MEMORY_SLACK"]),
         "unix sockets": dict(unix={1, 2, 7}),
-        "inet sockets": dict(inet={"tcp 0100007F:1B65 0100007F:E586 06 0"}),
+        "inet sockets": dict(inet={"TCP inuse": 0, "TCP tw": 1}),
         "file locks": dict(locks={"FLOCK WRITE 00:2a:1624433 0 EOF"}),
     }
     for name, change in held.items():
         assert rules["compare"](base, dict(base, **change)).startswith(name), name
+    unmeasured = dict(base, locks=None)  # locks not read after this call
+    assert rules["compare"](base, unmeasured) == ""
 
 
 def test_the_baseline_is_measured_on_this_machine_too() -> None:
     state = _baseline_rules()["measure"]()
     assert state["space"] and isinstance(state["memory"], int) and isinstance(state["unix"], set)
+    assert {"TCP inuse", "TCP tw", "UDP inuse"} <= state["inet"].keys()
 
 
 def test_unknown_one_shot_mode_is_refused_before_docker() -> None:

@@ -17,17 +17,21 @@ A worker sets ``oom_score_adj`` to 1000, becomes the sandbox user (setgroups/set
 capability is gone), makes itself dumpable again (as an exec'd process is), starts a new session in
 ``/work`` and runs ``boot.py``'s ``main`` (CPU-time limit, ``main.py``, exit statuses 152/153).
 
-A cleaner, forked the same way before the worker and waiting as root (so the call can neither
-signal it nor take the process slot it needs), switches at once, when let go, to real and saved uid
-:data:`CLEANER_UID` and effective uid the sandbox user's: it may signal the call's processes and
-remove their files, while they can signal nothing of it (kill permission needs their uid to be its
-real or saved one). It kills every process of the sandbox user (``kill(-1)``) until none is left,
-empties ``/work``, ``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` and removes System V IPC objects.
+A cleaner, forked the same way before a worker whenever none is waiting, waits as root (so the call
+can neither signal it nor take the process slot it needs). When the call left anything the clean-up
+removes by name (``baseline.py``'s ``left_by_name``: a process, a file, an IPC object), the runner
+lets it go; it switches at once to real and saved uid :data:`CLEANER_UID` and effective uid the
+sandbox user's: it may signal the call's processes and remove their files, while they can signal
+nothing of it (kill permission needs their uid to be its real or saved one). It kills every process
+of the sandbox user (``kill(-1)``) until none is left, empties ``/work``, ``/tmp``, ``/dev/shm`` and
+``/dev/mqueue`` and removes System V IPC objects. When the call left nothing, the cleaner waits on,
+for the next call.
 
 Then the runner measures the container against the baseline it took before the first call
-(``baseline.py``: free space and inodes of every writable mount, unreclaimable memory, sockets, file
-locks). The container serves another call only if the cleaner succeeded, the measurement matches,
-and both took at most the clean-up bound; otherwise the verdict retires it and the runner ends.
+(``baseline.py``: free space and inodes of every writable mount, unreclaimable memory, sockets; file
+locks after a clean-up). The container serves another call only if the cleaner (when let go) succeeded, the
+measurement matches, and both took at most the clean-up bound; otherwise the verdict retires it and
+the runner ends.
 
 Protocol. Host -> runner: ``RUN <cpu s> <code bytes> <stdin bytes>\\n`` then those bytes, or
 ``PING\\n``. Runner -> host (stdout): frames ``<kind: 1 byte><length: 4 bytes,
@@ -54,13 +58,14 @@ import socket
 import struct
 import sys
 import time
+from typing import Any
 
 SANDBOX_UID = SANDBOX_GID = -1  # the container's sandbox user: set by main() from its argument
 #: The cleaner's real and saved uid: no process of the sandbox can signal a process holding it.
 CLEANER_UID = 2_147_000_000
 CLEANUP_BOUND_S = 1.0  # set by main() from its argument
+CHECKS: dict[str, Any] = {}  # baseline.py's names, executed by main() before the first fork
 WORKDIR = "/work"
-SCRATCH = ("/work", "/tmp", "/dev/shm", "/dev/mqueue")
 PRELOAD = ("json", "re", "collections", "itertools", "functools", "math", "string", "heapq", "bisect")
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 IPC_RMID = 0
@@ -173,36 +178,6 @@ def clear_dir(top: str) -> bool:
     return not os.listdir(top)
 
 
-def others_alive() -> list[int]:
-    """Processes of the calls still alive: every process but root's and this one's (zombies aside).
-
-    By real uid, read from ``status``: a process can make its ``/proc`` entry root's (non-dumpable).
-    """
-    me, alive = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-            state, uid = fields["State"].split()[0], int(fields["Uid"].split()[0])
-        except (OSError, KeyError, IndexError, ValueError):
-            continue
-        if uid != 0 and state not in ("Z", "X"):
-            alive.append(int(name))
-    return alive
-
-
-def ipc_ids(kind: str) -> list[int]:
-    """Ids of the container's System V IPC objects of ``kind`` (``shm``, ``sem``, ``msg``)."""
-    try:
-        with open(f"/proc/sysvipc/{kind}") as f:
-            rows = [line.split() for line in f.readlines()[1:]]
-    except OSError:
-        return []
-    return [int(row[1]) for row in rows if len(row) > 1 and row[1].isdigit()]
-
-
 def cleaner(go: int) -> None:
     """In a fresh fork of the zygote: wait for ``go``, then remove what a call left (never returns).
 
@@ -223,12 +198,12 @@ def cleaner(go: int) -> None:
         for _ in range(500):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(-1, signal.SIGKILL)
-            if not others_alive():
+            if not CHECKS["alive"]():
                 break
             time.sleep(0.002)
         else:
             os._exit(EXIT_CLEANER_FAILED)
-        ok = all([clear_dir(top) for top in SCRATCH])
+        ok = all([clear_dir(top) for top in CHECKS["SCRATCH"]])
         libc = ctypes.CDLL(None, use_errno=True)
         removers = {
             "shm": lambda ipc_id: libc.shmctl(ipc_id, IPC_RMID, None),
@@ -236,9 +211,9 @@ def cleaner(go: int) -> None:
             "msg": lambda ipc_id: libc.msgctl(ipc_id, IPC_RMID, None),
         }
         for kind, remove in removers.items():
-            for ipc_id in ipc_ids(kind):
+            for ipc_id in CHECKS["ipc_ids"](kind):
                 remove(ipc_id)
-            ok = ok and not ipc_ids(kind)
+            ok = ok and not CHECKS["ipc_ids"](kind)
     except BaseException:
         ok = False
     os._exit(0 if ok else EXIT_CLEANER_FAILED)
@@ -307,16 +282,15 @@ def zygote(sock: socket.socket, boot_src: str) -> None:
 class Runner:
     """The host's end: reads requests from fd 0, writes frames to fd 1, drives the zygote."""
 
-    def __init__(self, sock: socket.socket, checks: dict[str, object]) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.stdin = os.fdopen(0, "rb", buffering=0)
         self.go_w = -1  # the write end of the waiting cleaner's pipe, until it is let go
         self.cleaned: int | None = None  # the cleaner's exit status, once known
         self.verdict: dict[str, object] | None = None  # the call's clean-up verdict, once known
-        self.checks = checks
         if self.ended()[0] != b"R":
             raise EOFError("the zygote did not start")
-        self.baseline = checks["measure"]()  # type: ignore[operator]
+        self.baseline = CHECKS["measure"]()
 
     def frame(self, kind: bytes, payload: bytes) -> None:
         data = kind + struct.pack(">I", len(payload)) + payload
@@ -353,9 +327,10 @@ class Runner:
     def call(self, cpu_s: int, payload: bytes) -> bool:
         """Run one call; report ``X`` as soon as its output is complete, then ``C``; whether it was clean."""
         oom_before = oom_kills()
-        go_r, self.go_w = os.pipe()
-        socket.send_fds(self.sock, [b"C"], [go_r])
-        os.close(go_r)
+        if self.go_w < 0:  # else the last call's cleaner, never let go, waits for this one
+            go_r, self.go_w = os.pipe()
+            socket.send_fds(self.sock, [b"C"], [go_r])
+            os.close(go_r)
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -421,28 +396,30 @@ class Runner:
         return False
 
     def clean(self) -> dict[str, object]:
-        """Let the waiting cleaner go, then measure; the verdict (once per call, within the bound)."""
+        """Clean up if the call left anything, then measure; the verdict (once per call, within the bound)."""
         if self.verdict is not None:
             return self.verdict
         start = time.monotonic()
         deadline = start + CLEANUP_BOUND_S
-        with contextlib.suppress(OSError):
-            os.write(self.go_w, b"g")
-        os.close(self.go_w)
-        self.go_w = -1
-        while self.cleaned is None and time.monotonic() < deadline:
-            if select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                kind, code = self.ended()
-                if kind == b"C":
-                    self.cleaned = code
-        kind, why, checked = "", "", time.monotonic()
-        if self.cleaned is None:
-            kind, why = "slow clean-up", f"the clean-up took longer than {CLEANUP_BOUND_S:g} s"
-        elif self.cleaned != 0:
-            kind, why = "cleaner failed", f"the cleaner ended with status {self.cleaned}"
-        else:
-            checked = time.monotonic()
-            why = self.checks["compare"](self.baseline, self.checks["measure"](self.baseline))  # type: ignore[operator]
+        kind, why = "", ""
+        left = self.cleaned is not None or bool(CHECKS["left_by_name"]())
+        if left:
+            with contextlib.suppress(OSError):
+                os.write(self.go_w, b"g")
+            os.close(self.go_w)
+            self.go_w = -1
+            while self.cleaned is None and time.monotonic() < deadline:
+                if select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                    ended, code = self.ended()
+                    if ended == b"C":
+                        self.cleaned = code
+            if self.cleaned is None:
+                kind, why = "slow clean-up", f"the clean-up took longer than {CLEANUP_BOUND_S:g} s"
+            elif self.cleaned != 0:
+                kind, why = "cleaner failed", f"the cleaner ended with status {self.cleaned}"
+        checked = time.monotonic()
+        if not kind:
+            why = CHECKS["compare"](self.baseline, CHECKS["measure"](self.baseline, locks=left))
             kind = "held resources" if why else ""
             if not why and time.monotonic() > deadline:
                 kind, why = "slow clean-up", f"the clean-up and checks took longer than {CLEANUP_BOUND_S:g} s"
@@ -469,13 +446,13 @@ class Runner:
 
 
 def main() -> None:
-    global SANDBOX_UID, SANDBOX_GID, CLEANUP_BOUND_S
+    global SANDBOX_UID, SANDBOX_GID, CLEANUP_BOUND_S, CHECKS
     prctl(PR_SET_DUMPABLE, 0)
     boot_src, checks_src = sys.argv[1], sys.argv[2]
     SANDBOX_UID = SANDBOX_GID = int(sys.argv[3])
     CLEANUP_BOUND_S = float(sys.argv[4])
-    checks: dict[str, object] = {"__name__": "baseline", "__builtins__": __builtins__}
-    exec(compile(checks_src, "baseline.py", "exec"), checks)
+    CHECKS = {"__name__": "baseline", "__builtins__": __builtins__}
+    exec(compile(checks_src, "baseline.py", "exec"), CHECKS)
     here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -487,7 +464,7 @@ def main() -> None:
         zygote(there, boot_src)
     there.close()
     try:
-        Runner(here, checks).serve()
+        Runner(here).serve()
     finally:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
