@@ -27,6 +27,7 @@ HEAVY = {
     "vllm": ("agents/vllm_policy.py", "training/weight_sync.py"),
     "docker": ("tools/sandbox",),
     "ray": ("training/ray_backend.py", "agents/ray_"),
+    "peft": ("training/lora.py",),
 }
 COMPOSITION_ROOTS = {"src/toolgym/cli.py", "src/toolgym/cli_eval.py"}
 
