@@ -67,6 +67,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/search.py",
         "bench/search_scale.py",
         "bench/serve.py",
+        "bench/train_rollouts.py",
         "bench/gpu_smoke.sh",
         "src/toolgym/cli.py",
         "envs/code_exec.py",
@@ -135,6 +136,13 @@ def test_bench_learner(tmp_path):
     # --smoke: the demo's environment and learner step on a group of 2, with the tiny byte-level model
     out = run("bench/learner.py", "--smoke", "--rounds", "1", "--trajectories", tmp_path / "group.jsonl")
     assert "| lora-step |" in out and "x the speed of full-unshared" in out
+
+
+@pytest.mark.slow
+def test_bench_train_rollouts():
+    # --smoke: the trainer's own rollouts and step, one step of the tiny policy on the learn config's env
+    out = run("bench/train_rollouts.py", "--smoke")
+    assert "| tiny |" in out and "rollout episodes/min" in out
 
 
 @pytest.mark.slow

@@ -9,8 +9,8 @@ import pytest
 
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
-from toolgym.training.grpo import plan_step
 from toolgym.training.config import load_config
+from toolgym.training.grpo import plan_step
 from toolgym.training.mixture import MixtureConfig, MixtureSampler, env_metrics
 from toolgym.training.rollouts import GroupSampler
 
