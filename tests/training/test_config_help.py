@@ -85,7 +85,7 @@ def test_the_schema_accepts_the_shipped_configs_and_refuses_unknown_or_mistyped_
     schema = json.loads(capsys.readouterr().out)
     assert schema == json.loads(json.dumps(config_schema()))
     jsonschema.Draft202012Validator.check_schema(schema)
-    for name in ("demo", "gpu"):
+    for name in ("demo", "gpu", "learn"):
         data = tomllib.loads(resolve_config_path(name).read_text(encoding="utf-8"))
         jsonschema.validate(data, schema)
     with pytest.raises(jsonschema.ValidationError, match="stepz"):
