@@ -101,7 +101,13 @@ async def test_a_warm_started_run_is_compared_with_its_control_and_pooled(tmp_pa
     run.mkdir()
     _export_perturbed_smollm2(run, step=0, scale=1.1)
     _export_perturbed_smollm2(run, step=3, scale=1.3)
-    overrides = ["heldout.n=3", "heldout.max_tokens=12", "heldout.concurrency=6", "heldout.engine=vllm"]
+    overrides = [
+        "heldout.n=3",
+        "heldout.max_tokens=12",
+        "heldout.concurrency=6",
+        "heldout.engine=vllm",
+        "heldout.control=true",
+    ]
     config = load_config("demo", overrides)
     summary = await run_heldout(config, run, train_task_ids=[], warm_started=True)
     assert summary["policies"] == {
