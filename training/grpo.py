@@ -26,7 +26,7 @@ import torch
 
 from toolgym.core import Trajectory
 from toolgym.training.advantages import group_advantages, has_variance
-from toolgym.training.batching import LossSums, micro_batches, pack_batch
+from toolgym.training.batching import LossSums, Sample, micro_batches, pack_batch
 from toolgym.training.loss import (
     LossConfig,
     check_token_receipt,
@@ -38,25 +38,6 @@ from toolgym.training.prefix import SequenceScorer
 from toolgym.training.rewards import shaped_reward
 
 __all__ = ["Sample", "StepPlan", "StepResult", "accumulate_gradients", "informative", "plan_step"]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One token sequence the learner trains on, with its group-relative advantage.
-
-    Attributes:
-        trajectory: the sequence: an episode, or one segment of a compacted episode
-            (:meth:`~toolgym.core.Trajectory.segment_views`).
-        advantage: the episode's advantage (every segment of an episode trains with it).
-        episode: the whole episode when ``trajectory`` is one of its segments, else ``None``.
-        group: the position of its group in the step's input, ``index``: its position in that group.
-    """
-
-    trajectory: Trajectory
-    advantage: float
-    episode: Trajectory | None = None
-    group: int = 0
-    index: int = 0
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class RunProgress:
 
         with Progress(transient=True) as progress:
             self._rich = progress
-            task._bar = progress.add_task(name, total=total, completed=completed)
+            task._bar = progress.add_task(name, total=total, completed=int(completed))
             try:
                 yield task
             finally:

@@ -143,9 +143,10 @@ def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) ->
             f"warm_start.reuse: {export}'s weights do not fit this model ({(missing + unexpected)[:3]})"
         )
     fields = {f.name for f in dataclasses.fields(WarmStartResult)}
-    return WarmStartResult(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in result.items() if k in fields}
-    )
+    values: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in result.items() if k in fields
+    }
+    return WarmStartResult(**values)
 
 
 #: What decides a warm start besides ``[warm_start]`` itself and the prompt's tools.
