@@ -72,6 +72,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 _EXTENSION = f"{__name__}.WeightLoaderExtension"
 _GiB = 1 << 30
 _CPU_BLOCK_SIZE = 32  # the smallest KV block the CPU attention backend accepts
+_CPU_BATCHED_TOKENS = 2048  # vLLM's default token budget of a step
 #: How often a request waiting for output checks that the engine is still alive (seconds).
 _ALIVE_CHECK_S = 1.0
 
@@ -289,6 +290,13 @@ class VLLMPolicy(ChatPolicy):
         }
         if kv_cache_gib is not None:
             args["kv_cache_memory_bytes"] = int(kv_cache_gib * _GiB)
+        if self.on_cpu:
+            # NOTE (seeded sampling on CPU): vLLM rewinds a seeded request's generator after a partial
+            # prefill with set_offset, which CPU generators do not have: the engine dies ("CPU
+            # Generator does not use offset") as soon as a busy step chunks a seeded prompt. Whole
+            # prompts only (a step's token budget must then hold the longest one).
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(_CPU_BATCHED_TOKENS, max_model_len)
         args.update(engine_kwargs or {})
         self.policy_version = 0
         self._ids = itertools.count()

@@ -47,7 +47,7 @@ __all__ = ["DEFAULT_KEEP", "export_checkpoint", "export_from_checkpoint", "expor
 
 log = logging.getLogger(__name__)
 
-#: Exports kept per run: SmolLM2-135M in fp32 is ~540 MB each.
+#: Exports kept per run besides step 0 (the warm start's, always kept): SmolLM2-135M in fp32 is ~540 MB each.
 DEFAULT_KEEP = 2
 _HASHED_MAX_BYTES = 32 * 1024 * 1024
 
@@ -312,7 +312,8 @@ def _prune(root: Path, step: int, keep: int) -> None:
                 "removing export %s: newer than step %d, it belongs to an earlier run history", path, step
             )
             shutil.rmtree(path, ignore_errors=True)
-    older = [s for s in exports if s <= step]
+    # step 0 is the warm start's export (the held-out control arm, ``warm_start.reuse``): always kept
+    older = [s for s in exports if 0 < s <= step]
     for other in older[: max(len(older) - keep, 0)]:
         shutil.rmtree(exports[other], ignore_errors=True)
 

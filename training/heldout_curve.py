@@ -13,11 +13,13 @@ and ``.../em``), and ``toolgym report`` draws them.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from toolgym.core import Policy
+from toolgym.errors import InfraDown
 
 __all__ = ["CURVE_FILE", "curve_point", "read_curve"]
 
@@ -35,6 +37,7 @@ async def curve_point(
     hc = config.heldout
     run_dir = Path(run_dir)
     env_kwargs = {**dict(config.env.kwargs), **dict(hc.kwargs), "split": hc.split}
+    out_dir = run_dir / "heldout_curve" / f"step-{step:06d}"
     report = await evaluate(
         config.env.id,
         lambda: policy,
@@ -44,7 +47,7 @@ async def curve_point(
         concurrency=hc.concurrency,
         sampling=SamplingParams(max_tokens=hc.max_tokens, temperature=0.0),
         max_total_tokens=hc.max_total_tokens or config.env.max_total_tokens,
-        out_dir=run_dir / "heldout_curve" / f"step-{step:06d}",
+        out_dir=out_dir,
         env_kwargs=env_kwargs,
         policy_label=f"train@{step}",
         policy_info={"run": str(run_dir), "step": step, "policy_version": int(policy_version(policy))},
@@ -52,8 +55,17 @@ async def curve_point(
     check_disjoint(train_task_ids, report.task_ids)
     point: dict[str, float] = {"step": float(step)}
     for track in report.tracks:
+        if track.infra_errors == track.n:  # nothing was scored: a point of zeros would be a lie
+            first = next(t.error for t in report.trajectories[track.harness] if t.error)
+            shutil.rmtree(out_dir)  # a resume evaluates this point again, not its failures
+            raise InfraDown(
+                f"the held-out curve at step {step}: every {track.harness} episode ended in infra_error "
+                f"({first}); fix the cause and rerun the same command: the run resumes from its last checkpoint"
+            )
         point[f"heldout_curve/{track.harness}/reward"] = track.reward
         point[f"heldout_curve/{track.harness}/em"] = track.metrics.get("reward/em", track.success)
+        if track.infra_errors:
+            point[f"heldout_curve/{track.harness}/infra_errors"] = float(track.infra_errors)
     with (run_dir / CURVE_FILE).open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(point) + "\n")
     return point

@@ -334,7 +334,6 @@ class Trainer:
                         self.task_filter.observe([(g.task_id, g.trajectories) for g in drawn])
                     self.step += 1
                     events = observe_curricula(self.curricula, self.env_names if mixed else None, drawn)
-                    self.collector.admit_next(workers, self.policy.policy_version)
                     records = group_records(kept, result, dropped)
                     curriculum = mixture_metrics(self, drawn) if mixed else self.curriculum.metrics()
                     if self.task_filter is not None:
@@ -351,8 +350,11 @@ class Trainer:
                         t_learn=time.perf_counter() - t1,
                         curriculum=curriculum,
                     )
-                    if hc.every and self.step % hc.every == 0:
+                    if (
+                        hc.every and self.step % hc.every == 0
+                    ):  # before the next wave: no rollout runs beside it
                         metrics.update({k: v for k, v in (await self._curve()).items() if k != "step"})
+                    self.collector.admit_next(workers, self.policy.policy_version)
                     names = self.env_names if mixed else None
                     write_step(self.run_dir, self.step, records, metrics, events, names)
                     track_step(self.trackers, self.step, records, metrics)

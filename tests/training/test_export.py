@@ -98,6 +98,15 @@ def test_only_the_last_k_exports_are_kept_and_latest_points_at_the_newest(tmp_pa
         resolve_run_export(tmp_path, 1)
 
 
+def test_the_warm_start_export_at_step_0_is_never_pruned(tmp_path, tiny):
+    # step 0 is the warm-started policy: the held-out control arm and warm_start.reuse read it at the end
+    model, tokenizer = tiny
+    for step in (0, 3, 6, 9):
+        export_model(tmp_path, model, tokenizer, step=step, keep=2)
+    assert list(list_exports(tmp_path)) == [0, 6, 9]
+    assert resolve_run_export(tmp_path, 0) == tmp_path / "export" / "step-000000"
+
+
 def test_exports_newer_than_the_step_written_belong_to_another_history(tmp_path, tiny):
     model, tokenizer = tiny
     export_model(tmp_path, model, tokenizer, step=9)

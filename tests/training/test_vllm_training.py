@@ -153,3 +153,29 @@ async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path, run
         policy.close()
     _, alive = psutil.wait_procs([psutil.Process(p) for p in started if psutil.pid_exists(p)], timeout=30)
     assert not alive, f"engine processes left running after close(): {[p.pid for p in alive]}"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.skipif(SKIP_VLLM, reason="TOOLGYM_SKIP_VLLM=1 asks to skip the vLLM engine tests")
+async def test_lora_adapters_reach_the_engine_as_merged_weights(tmp_path: Path) -> None:
+    from toolgym.training.lora import is_lora
+    from toolgym.training.trainer import Trainer, build_policy
+
+    config = load_config(None, [*TINY_VLLM, "train.steps=1", "train.lora_rank=8", "train.lr=5e-3"])
+    policy = build_policy(config)
+    try:
+        trainer = Trainer(config, tmp_path, policy=policy)
+        assert is_lora(trainer.model)
+        sequence = policy.render([{"role": "user", "content": "Say a word."}]) + policy.tokenizer.encode(
+            "Apple.<|im_end|>"
+        )
+        initial = _learner_logprobs(trainer.model, sequence)
+        await trainer.run()
+        learned = _learner_logprobs(trainer.model, sequence)  # through the adapters
+        assert _worst(learned, initial) > 1e-3, "the adapters should move the learner"
+        synced = _worst(await policy.score(sequence), learned)
+        assert synced < 1e-4, f"the engine (merged weights) differs from the adapted learner by {synced:.2e}"
+        trainer.close()
+    finally:
+        policy.close()
