@@ -199,7 +199,7 @@ def run(trainers: dict[bool, Trainer], args: argparse.Namespace) -> None:
         print(f"groups: {how} {len(trajectories)} trajectories in {time.perf_counter() - t0:.0f} s")
     size = first.config.train.group_size
     groups = [tuple(trajectories[i : i + size]) for i in range(0, len(trajectories), size)]
-    plan = plan_step(groups, format_credit=first.config.train.format_credit)
+    plan = plan_step(groups, format_credit=first.config.train.format_credit, skip_zero_variance=False)
     lengths = [len(t.token_ids) for t in trajectories]
     print(
         f"{len(groups)} groups x {size}: sequence lengths {min(lengths)}-{max(lengths)}, "
@@ -281,7 +281,11 @@ def main() -> None:
         "policy.kind=hf",
         "heldout.n=0",
     ]
-    smoke = ["train.group_size=2", "policy.kind=tiny", "policy.tiny_hidden=32"] if args.smoke else []
+    smoke = (
+        ["train.group_size=2", "policy.kind=tiny", "policy.tiny_hidden=32", "env.max_total_tokens=4096"]
+        if args.smoke
+        else []
+    )
     with tempfile.TemporaryDirectory() as full_dir, tempfile.TemporaryDirectory() as lora_dir:
         trainers: dict[bool, Trainer] = {}
         try:

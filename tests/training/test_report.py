@@ -74,12 +74,15 @@ async def test_report_renders_plots_and_trajectories_in_chromium(tmp_path: Path)
     dom = subprocess.run(
         [exe, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
     ).stdout
-    assert dom.count("<svg") == 6
+    assert dom.count("<svg") == 9  # six curves, entropy, groups per step, learning rate
     assert (
         'data-key="reward/mean"' in dom
         and 'data-key="curriculum/stage"' in dom
         and 'data-key="tool/answer/calls"' in dom
+        and 'data-key="loss/entropy"' in dom
+        and 'data-key="groups/informative"' in dom
     )
+    assert 'id="prompts"' in dom and "RL steps 1-1 (stage 0)" in dom and "RL steps 2-2 (stage 1)" in dom
     assert dom.count('class="trajectory"') == 2 * 2 * 4
     assert "sampled tokens (mask 1" in dom and "context (mask 0)" in dom
     assert "Say a word with" in dom  # a task prompt made it into the viewer
