@@ -21,5 +21,5 @@ if ! docker info >/dev/null 2>&1; then
 fi
 echo "docker engine $(docker version --format '{{.Server.Version}}') is up"
 
-python -m toolgym.tools.sandbox_image
+python -m toolgym.tools.sandbox.image
 echo "docker + sandbox image ready in $(( $(date +%s) - start ))s"

@@ -60,7 +60,7 @@ out = {"build_s": build, "cpu_s": sum(u.ru_utime + u.ru_stime for u in usage), "
        "records": env.stats["records"], "linked": env.stats.get("collection_records_linked", 0),
        "tasks": len(env.tasks)}
 if int(sys.argv[2]):
-    from toolgym.tools.paper_copies import near_duplicates, shingles
+    from toolgym.tools.papers.copies import near_duplicates, shingles
     t = time.perf_counter(); fast = near_duplicates(env.collection); out["index_s"] = time.perf_counter() - t
     t = time.perf_counter()
     docs = {r.id: shingles(r.abstract + "\n" + r.text) for r in env.collection.records.values() if r.text or r.abstract}

@@ -28,7 +28,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from toolgym.tools.index import Index, build_index
+from toolgym.tools.search.index import Index, build_index
 
 DATA = resources.files("toolgym.envs") / "data"
 #: Corpus sizes of a ``--smoke`` run.
@@ -100,7 +100,7 @@ def throughput(index: Index, queries: list[str], threads: int, rounds: int) -> f
 COLD = """
 import sys, time
 t0 = time.perf_counter()
-from toolgym.tools.index import load_index
+from toolgym.tools.search.index import load_index
 index = load_index(sys.argv[1])
 hits = index.search(sys.argv[2], k=10)
 assert hits, "no hits"

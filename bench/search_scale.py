@@ -15,7 +15,7 @@ Per size and backend, each in a fresh process (so peak RSS is that backend's alo
 peak RSS of the build (the sum over the build's process tree, sampled every 50 ms: the default
 backend analyses in worker processes); index size on disk; cold start (a fresh ``python`` that
 imports toolgym, opens the index and answers one query, spawn to answer; best of 3) both as a later
-open finds the index (checksums verified before, see ``toolgym.tools.index_manifest``) and with
+open finds the index (checksums verified before, see ``toolgym.tools.search.index_manifest``) and with
 every checksum recomputed (``verify="full"``, what the first open of a copied index pays); peak RSS
 and q/s of a query process (k = 10, best of ``--rounds`` passes of ``search_batch`` over the queries
 with ``--threads``; ``--turns`` such processes per backend, the backends taking turns so a drifting
@@ -75,7 +75,7 @@ def queries(limit: int) -> list[str]:
 
 
 def worker_build(args: argparse.Namespace) -> dict[str, float]:
-    from toolgym.tools.index import build_index
+    from toolgym.tools.search.index import build_index
 
     peak = TreePeak()
     start = time.perf_counter()
@@ -87,7 +87,7 @@ def worker_build(args: argparse.Namespace) -> dict[str, float]:
 
 
 def worker_query(args: argparse.Namespace) -> dict[str, object]:
-    from toolgym.tools.index import load_index
+    from toolgym.tools.search.index import load_index
 
     qs = queries(args.queries)
     index = load_index(args.dir)
@@ -108,7 +108,7 @@ def worker_query(args: argparse.Namespace) -> dict[str, object]:
 
 COLD = """
 import sys
-from toolgym.tools.index import load_index
+from toolgym.tools.search.index import load_index
 hits = load_index(sys.argv[1], verify=sys.argv[3] if sys.argv[3] == "full" else True).search(sys.argv[2], k=10)
 assert hits, "no hits"
 """

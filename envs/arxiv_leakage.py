@@ -2,7 +2,7 @@
 
 Anti-leak (per task): the query paper's collection id (which every version, id form and citing
 bibliography entry of it was merged into) is banned; so are records whose text copies the query's
-(:func:`toolgym.tools.paper_copies.near_duplicates`) and, with ``date_filter``, records dated after
+(:func:`toolgym.tools.papers.copies.near_duplicates`) and, with ``date_filter``, records dated after
 the query paper (compared at the precision both dates know). :func:`banned_ids` computes these sets;
 the environment's tools filter them out of one shared index.
 
@@ -23,8 +23,8 @@ from collections.abc import Iterable
 
 from toolgym.core import Task
 from toolgym.splits import SplitItem, assign_splits, label_tasks
-from toolgym.tools.paper_collection import Collection, UnionFind
-from toolgym.tools.paper_copies import near_duplicates
+from toolgym.tools.papers.collection import Collection, UnionFind
+from toolgym.tools.papers.copies import near_duplicates
 
 __all__ = ["SPLIT_NAMESPACE", "TEST_FRACTION", "banned_ids", "label_splits", "split_groups"]
 
@@ -90,7 +90,7 @@ def banned_ids(
 ) -> dict[str, set[str]]:
     """Per source paper: its own id, its near-duplicates and (optionally) records dated after it.
 
-    ``dups`` is :func:`~toolgym.tools.paper_copies.near_duplicates` at the threshold, when already computed.
+    ``dups`` is :func:`~toolgym.tools.papers.copies.near_duplicates` at the threshold, when already computed.
     """
     if dups is None:
         dups = near_duplicates(collection, threshold=near_duplicate_threshold)

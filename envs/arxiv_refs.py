@@ -16,7 +16,7 @@ The parts, one module each (every public name is re-exported here):
 - :mod:`toolgym.tools.papers`: the corpus format, the de-duplicated collection, near-duplicates.
 
 Anti-leak on one shared index: ``search_papers`` over-fetches ``k`` plus the number of the task's
-banned ids (at most the index's largest ``k``, :data:`toolgym.tools.index.MAX_K`) from the shared
+banned ids (at most the index's largest ``k``, :data:`toolgym.tools.search.index.MAX_K`) from the shared
 index and drops banned hits, so it returns ``k`` allowed results without a per-task index;
 ``read_paper`` answers a banned id exactly like an unknown one. Bibliography-only records are shown
 as parsed fields, never as the citing string; collection records (``collection=``) as given.
@@ -60,10 +60,10 @@ from toolgym.envs.arxiv_tasks import PROMPT as PROMPT
 from toolgym.envs.arxiv_verifier import CitationF1Verifier
 from toolgym.errors import ConfigError, ToolCallError
 from toolgym.splits import check_split, select_split
-from toolgym.tools.paper_collection import Collection, PaperRecord, build_collection
-from toolgym.tools.paper_copies import near_duplicates
-from toolgym.tools.paper_corpus import default_corpus_path, load_papers
-from toolgym.tools.paper_records import load_records
+from toolgym.tools.papers.collection import Collection, PaperRecord, build_collection
+from toolgym.tools.papers.copies import near_duplicates
+from toolgym.tools.papers.corpus import default_corpus_path, load_papers
+from toolgym.tools.papers.records import load_records
 
 __all__ = [
     "DEFAULT_FALLBACK",
@@ -135,7 +135,7 @@ def _shared(
     )
     with _SHARED_LOCK:
         if key not in _SHARED:
-            from toolgym.tools.index import build_index
+            from toolgym.tools.search.index import build_index
 
             papers = load_papers(corpus)
             given = load_records(collection_path) if collection_path else []
@@ -198,12 +198,12 @@ class ArxivRefsEnv(ToolEnv):
     """Citation reconstruction over a fixed paper collection (see the module docstring).
 
     Args:
-        corpus: a JSONL(.gz) corpus in the format of :mod:`toolgym.tools.paper_corpus`; default: the
+        corpus: a JSONL(.gz) corpus in the format of :mod:`toolgym.tools.papers.corpus`; default: the
             packaged unarXive sample (49 papers).
         collection: optional JSONL(.gz) of collection records (papers to search that are not query
             papers: id, title, abstract, authors, year/date, venue, ids), format of
-            :mod:`toolgym.tools.paper_records`; linked to bibliography entries by id, then title.
-        backend: search backend for :func:`toolgym.tools.index.build_index`.
+            :mod:`toolgym.tools.papers.records`; linked to bibliography entries by id, then title.
+        backend: search backend for :func:`toolgym.tools.search.index.build_index`.
         sections, fallback_sections, max_context_chars: the context rule (:class:`ContextRule`).
         date_filter: hide records dated after the query paper.
         near_duplicate_threshold: n-gram overlap at which a record counts as a copy of the query.
@@ -275,7 +275,7 @@ class ArxivRefsEnv(ToolEnv):
         """The ``k`` best allowed records for ``query`` (over-fetch by the number of banned ids, then drop them)."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ToolCallError(f"k must be an integer from 1 to {MAX_K}, got {k!r}")
-        from toolgym.tools.index import MAX_K as INDEX_MAX_K
+        from toolgym.tools.search.index import MAX_K as INDEX_MAX_K
 
         banned = self.banned_for(task)
         # NOTE: k + |banned| hits always hold k allowed ones; the index answers at most INDEX_MAX_K, so a

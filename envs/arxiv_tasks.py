@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from toolgym.core import Task
 from toolgym.errors import ConfigError
-from toolgym.tools.paper_collection import Collection
-from toolgym.tools.paper_corpus import SourcePaper
-from toolgym.tools.paper_markers import iter_citations, render_markers
+from toolgym.tools.papers.collection import Collection
+from toolgym.tools.papers.corpus import SourcePaper
+from toolgym.tools.papers.markers import iter_citations, render_markers
 
 __all__ = [
     "CONTEXT_END",

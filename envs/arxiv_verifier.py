@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolgym.core import Message, Score, Task
-from toolgym.tools.paper_collection import Collection
+from toolgym.tools.papers.collection import Collection
 
 __all__ = ["CitationF1Verifier"]
 

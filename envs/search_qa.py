@@ -236,7 +236,7 @@ _INDEX_LOCK = threading.Lock()
 
 def _shared_index(key: str, backend: str, docs_factory: Any) -> Any:
     """One index per (corpus, backend) per process; the index layer caches it on disk."""
-    from toolgym.tools.index import build_index
+    from toolgym.tools.search.index import build_index
 
     with _INDEX_LOCK:
         if (key, backend) not in _INDEXES:

@@ -129,7 +129,7 @@ def test_index_build_command(tmp_path):
     out = toolgym("index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"))
     assert out.returncode == 0, out.stderr
     assert "index ready" in out.stdout
-    from toolgym.tools.index import load_index
+    from toolgym.tools.search.index import load_index
 
     assert load_index(tmp_path / "idx").search("word7", k=1)[0].doc_id == "d7"
 

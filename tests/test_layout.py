@@ -25,7 +25,7 @@ HEAVY = {
     "torch": ("agents/", "training/"),
     "transformers": ("agents/", "training/"),
     "vllm": ("agents/vllm_policy.py", "training/weight_sync.py"),
-    "docker": ("tools/sandbox",),
+    "docker": ("tools/sandbox/",),
     "ray": ("training/ray_backend.py", "agents/ray_"),
     "peft": ("training/lora.py",),
 }

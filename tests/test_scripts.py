@@ -71,10 +71,10 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/gpu_smoke.sh",
         "src/toolgym/cli.py",
         "envs/code_exec.py",
-        "tools/sandbox_image.py",
+        "tools/sandbox/image.py",
     }
     # programs that run inside sandbox containers are not entry points of the host package
-    in_container = ("envs/code_programs/", "tools/sandbox_programs/")
+    in_container = ("envs/code_programs/", "tools/sandbox/programs/")
     found = {str(p.relative_to(ROOT)) for p in (ROOT / "bench").glob("*") if p.suffix in (".py", ".sh")}
     for folder in ("src/toolgym", "envs", "tools", "agents", "training"):
         for path in (ROOT / folder).rglob("*.py"):
@@ -204,5 +204,5 @@ def test_code_exec_module_scores_a_reference_solution():
 @pytest.mark.docker
 def test_sandbox_image_module_keeps_the_built_image():
     need_docker()
-    out = run("-m", "toolgym.tools.sandbox_image")
+    out = run("-m", "toolgym.tools.sandbox.image")
     assert "already exists" in out

@@ -9,10 +9,10 @@ from __future__ import annotations
 from toolgym.lazy import lazy_exports
 
 _EXPORTS = {
-    "build_index": "toolgym.tools.index",
-    "load_index": "toolgym.tools.index",
-    "Index": "toolgym.tools.index",
-    "Hit": "toolgym.tools.index",
+    "build_index": "toolgym.tools.search.index",
+    "load_index": "toolgym.tools.search.index",
+    "Index": "toolgym.tools.search.index",
+    "Hit": "toolgym.tools.search.index",
     "DockerSandbox": "toolgym.tools.sandbox",
     "SandboxSession": "toolgym.tools.sandbox",
 }

@@ -1,7 +1,7 @@
 """The hidden-test runner, inside a fresh verifier container: run each call, report every result.
 
 Trusted. Started by the host as the container's root, which holds only CAP_SETUID, CAP_SETGID and
-CAP_KILL (see ``toolgym.tools.sandbox_policy``): ``python3 -I -B -c <this file's text> <uid>:<gid>``,
+CAP_KILL (see ``toolgym.tools.sandbox.policy``): ``python3 -I -B -c <this file's text> <uid>:<gid>``,
 the job (JSON) on stdin. Every call runs in its own interpreter (``driver.py``) under the candidate
 user, the container's sandbox user named by the argument, a different uid: the candidate can neither signal, stop nor trace this process, nor read its memory or
 files. After each call every process but this one and PID 1 is killed (CAP_KILL) and reaped (this

@@ -397,7 +397,7 @@ def _print_messages(messages: list[dict[str, str]]) -> None:
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
-    from toolgym.tools.index import build_command
+    from toolgym.tools.search.index import build_command
 
     path = build_command(args.corpus, args.backend, args.out)
     print(f"index ready: {path}")
@@ -405,7 +405,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox_build(args: argparse.Namespace) -> int:
-    from toolgym.tools.sandbox_image import build_command
+    from toolgym.tools.sandbox.image import build_command
 
     build_command()
     return 0

@@ -22,7 +22,7 @@ def lazy_exports(
 
     Args:
         package: the package's ``__name__``.
-        exports: public name -> the module that defines it (``"toolgym.tools.index"``).
+        exports: public name -> the module that defines it (``"toolgym.tools.search.index"``).
 
     Returns:
         ``(__getattr__, __dir__)``, to assign at the package's top level. An unknown name raises

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from toolgym.errors import BackendError
-from toolgym.tools import bm25_build, bm25_workers, index_manifest
-from toolgym.tools.bm25 import anserini_display, lucene_norm_cache
-from toolgym.tools.bm25_search import BM25Ranker, exhaustive_top_k
-from toolgym.tools.index import Index, build_index, load_index
-from toolgym.tools.porter import porter_stem
-from toolgym.tools.string_table import StringTable, write_string_table
+from toolgym.tools.search import bm25_build, bm25_workers, index_manifest
+from toolgym.tools.search.bm25 import anserini_display, lucene_norm_cache
+from toolgym.tools.search.bm25_search import BM25Ranker, exhaustive_top_k
+from toolgym.tools.search.index import Index, build_index, load_index
+from toolgym.tools.search.porter import porter_stem
+from toolgym.tools.search.string_table import StringTable, write_string_table
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_ties_are_broken_by_external_id(tmp_path) -> None:
 
 
 def test_kernel_refuses_bad_calls_and_inconsistent_arrays(index: Index) -> None:
-    from toolgym.tools._bm25kernel import Ranker
+    from toolgym.tools.search._bm25kernel import Ranker
 
     ranker = _ranker(index)
     kernel = ranker._kernel  # noqa: SLF001
@@ -130,7 +130,7 @@ def test_corrupt_postings_are_an_error_not_a_crash(docs, tmp_path) -> None:
     # Arrays that pass the structural checks but hold garbage (what a checksum-clean index built by a
     # buggy writer would hold): every search raises ValueError or answers; the process never crashes.
     ix = build_index(docs[:300], path=tmp_path / "ix")
-    from toolgym.tools._bm25kernel import Ranker
+    from toolgym.tools.search._bm25kernel import Ranker
 
     arrays = {name: np.array(a) for name, a in _ranker(ix).arrays.items()}
     n_terms = len(arrays["idf"])
@@ -203,7 +203,7 @@ def test_term_data_is_read_only_for_the_terms_searched(index: Index) -> None:
 
 
 def test_the_kernel_consults_the_presence_maps(big_index: Index) -> None:
-    from toolgym.tools._bm25kernel import Ranker
+    from toolgym.tools.search._bm25kernel import Ranker
 
     # Cleared maps say "absent" everywhere: the frequent terms' scores go missing, so the kernel does
     # consult them (and wrong maps would be caught by the comparisons with exhaustive scoring).
@@ -219,7 +219,7 @@ def test_the_kernel_consults_the_presence_maps(big_index: Index) -> None:
 
 
 def _exact_with(ranker: BM25Ranker, arrays: dict[str, np.ndarray], queries: list[str]) -> None:
-    from toolgym.tools._bm25kernel import Ranker
+    from toolgym.tools.search._bm25kernel import Ranker
 
     kernel = Ranker(**arrays, block=bm25_build.BLOCK)
     for q in queries:
@@ -253,7 +253,7 @@ def test_maps_on_any_subset_of_the_terms_give_the_same_answer(big_index: Index) 
 
 
 def test_kernel_refuses_inconsistent_presence_maps(index: Index) -> None:
-    from toolgym.tools._bm25kernel import Ranker
+    from toolgym.tools.search._bm25kernel import Ranker
 
     arrays = dict(_ranker(index).arrays)
     with pytest.raises(ValueError, match="presence offsets do not span"):
@@ -301,7 +301,9 @@ def test_a_dying_build_worker_is_a_backend_error_and_leaves_no_index(docs, tmp_p
 
 def test_a_failing_build_worker_reports_its_traceback(docs, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TOOLGYM_INDEX_WORKERS", "2")
-    code = "import toolgym.tools.bm25_workers as w; w.analyse_range = lambda *a: 1 / 0; w.worker_main()"
+    code = (
+        "import toolgym.tools.search.bm25_workers as w; w.analyse_range = lambda *a: 1 / 0; w.worker_main()"
+    )
     monkeypatch.setattr(bm25_workers, "WORKER_CODE", code)
     with pytest.raises(BackendError, match=r"(?s)worker failed.*ZeroDivisionError"):
         build_index(docs[:3000], path=tmp_path / "ix")
@@ -371,14 +373,14 @@ def test_anserini_display_rounds_in_double_and_nudges_ties() -> None:
 
 
 def test_norm_cache_is_lucenes_float_arithmetic() -> None:
-    from toolgym.tools.bm25 import BM25Settings
+    from toolgym.tools.search.bm25 import BM25Settings
 
     cache = lucene_norm_cache(np.float32(53.62241), BM25Settings())
     assert cache.dtype == np.float32 and cache.shape == (256,)
     # Code 56 is an exact length of 56 (codes below 24 and the first buckets are exact).
     k1, b = np.float32(0.9), np.float32(0.4)
     expected = np.float32(1) / (k1 * ((np.float32(1) - b) + b * np.float32(56) / np.float32(53.62241)))
-    from toolgym.tools.bm25 import lucene_norm_codes
+    from toolgym.tools.search.bm25 import lucene_norm_codes
 
     assert cache[lucene_norm_codes(np.array([56]))[0]] == expected
 

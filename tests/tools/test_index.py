@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError
-from toolgym.tools.bm25 import analyze, lucene_length
-from toolgym.tools.index import Hit, Index, UnknownDocument, build_command, build_index, load_index
+from toolgym.tools.search.bm25 import analyze, lucene_length
+from toolgym.tools.search.index import Hit, Index, UnknownDocument, build_command, build_index, load_index
 
 
 def _corpus() -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
@@ -128,7 +128,7 @@ def test_cache_hit_reuses_the_index(small_docs, tmp_path, monkeypatch, caplog) -
     first = build_index(small_docs)
     assert first.path.parent == tmp_path / "index"
     stamp = (first.path / "manifest.json").stat().st_mtime_ns
-    with caplog.at_level(logging.INFO, logger="toolgym.tools.index"):
+    with caplog.at_level(logging.INFO, logger="toolgym.tools.search.index"):
         second = build_index(small_docs)
     assert second.path == first.path
     assert (second.path / "manifest.json").stat().st_mtime_ns == stamp
@@ -144,7 +144,7 @@ def test_truncated_index_is_rebuilt_with_a_warning(small_docs, tmp_path, caplog)
     size = weights.stat().st_size
     with open(weights, "r+b") as fh:
         fh.truncate(size // 2)
-    with caplog.at_level(logging.WARNING, logger="toolgym.tools.index"):
+    with caplog.at_level(logging.WARNING, logger="toolgym.tools.search.index"):
         rebuilt = build_index(small_docs, path=tmp_path / "ix")
     assert "corrupt" in caplog.text and "rebuilding" in caplog.text
     assert weights.stat().st_size == size
@@ -161,7 +161,7 @@ def test_an_index_whose_checked_files_cannot_be_opened_is_rebuilt(small_docs, tm
     (tmp_path / "ix" / "bm25_blockoff.npy").unlink()
     with pytest.raises(BackendError, match="cannot read the index"):
         load_index(tmp_path / "ix")
-    with caplog.at_level(logging.WARNING, logger="toolgym.tools.index"):
+    with caplog.at_level(logging.WARNING, logger="toolgym.tools.search.index"):
         rebuilt = build_index(small_docs, path=tmp_path / "ix")
     assert "rebuilding" in caplog.text and rebuilt.search("Super Bowl", k=3)
 
@@ -328,7 +328,7 @@ def test_default_backend_scores_are_lucenes_float_scores(
     # Below the rounding Anserini shows: Lucene's raw float32 score of each hit, bit for bit.
     import numpy as np
 
-    from toolgym.tools.lucene import jvm
+    from toolgym.tools.search.lucene import jvm
 
     jvm()
     from jnius import autoclass, cast
@@ -359,7 +359,7 @@ def test_default_backend_scores_are_lucenes_float_scores(
 
 
 def _lucene_analyze():  # type: ignore[no-untyped-def]
-    from toolgym.tools.lucene import jvm
+    from toolgym.tools.search.lucene import jvm
 
     jvm()
     from jnius import autoclass
@@ -372,7 +372,7 @@ def _lucene_analyze():  # type: ignore[no-untyped-def]
 @pytest.mark.pyserini
 def test_analyzer_agrees_with_lucene_on_both_shipped_corpora(corpus) -> None:
     from toolgym.envs.arxiv_refs import default_corpus_path, load_papers
-    from toolgym.tools.paper_collection import build_collection
+    from toolgym.tools.papers.collection import build_collection
 
     lucene = _lucene_analyze()
     papers = build_collection(load_papers(default_corpus_path()), []).records.values()
@@ -403,8 +403,8 @@ def test_analyzer_agrees_with_lucene_on_hard_cases(text: str) -> None:
 
 @pytest.mark.pyserini
 def test_porter_stemmer_agrees_with_lucene_on_the_corpus_vocabulary(corpus) -> None:
-    from toolgym.tools.bm25 import tokenize
-    from toolgym.tools.porter import porter_stem
+    from toolgym.tools.search.bm25 import tokenize
+    from toolgym.tools.search.porter import porter_stem
 
     lucene = _lucene_analyze()
     words = sorted({t.lower() for d in corpus[0][:3000] for t in tokenize(d["text"]) if t.isalpha()})
@@ -435,7 +435,7 @@ if {missing!r} == "pyserini":
 else:
     sys.modules[{missing!r}] = None
 from toolgym.errors import MissingDependencyError
-from toolgym.tools.index import build_index
+from toolgym.tools.search.index import build_index
 try:
     build_index([{{"id": "a", "title": "t", "text": "x"}}], backend="pyserini", path="{{tmp}}")
 except MissingDependencyError as exc:

@@ -27,7 +27,7 @@ from toolgym.tools.sandbox import (
     docker_client,
     leaked_containers,
 )
-from toolgym.tools.sandbox_image import debian_mirror
+from toolgym.tools.sandbox.image import debian_mirror
 
 # --------------------------------------------------------------------------- pure logic
 

@@ -25,13 +25,13 @@ from toolgym.tools.sandbox import (
     docker_client,
     leaked_containers,
 )
-from toolgym.tools.sandbox_policy import (
+from toolgym.tools.sandbox.policy import (
     REMAPPED_SANDBOX_UIDS,
     container_config,
     new_sandbox_uid,
     sandbox_user,
 )
-from toolgym.tools.sandbox_reaper import engine_remaps_users
+from toolgym.tools.sandbox.reaper import engine_remaps_users
 
 
 def _need_docker() -> None:
@@ -64,7 +64,7 @@ def test_policy_separates_users_and_keeps_no_engine_log() -> None:
 
 def test_each_container_draws_a_sandbox_uid_no_other_container_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     draws = iter([5, 5, 7])
-    monkeypatch.setattr("toolgym.tools.sandbox_policy.secrets.randbelow", lambda n: next(draws))
+    monkeypatch.setattr("toolgym.tools.sandbox.policy.secrets.randbelow", lambda n: next(draws))
     assert new_sandbox_uid({SANDBOX_UIDS.start + 5}) == SANDBOX_UIDS.start + 7
     monkeypatch.undo()
     drawn = {new_sandbox_uid() for _ in range(100)}

@@ -76,7 +76,7 @@ def _clean(census: dict) -> None:
 
 def _baseline_rules() -> dict:
     rules: dict = {"__name__": "baseline"}
-    exec(program_source("toolgym.tools", "sandbox_programs/baseline"), rules)
+    exec(program_source("toolgym.tools.sandbox", "programs/baseline"), rules)
     return rules
 
 

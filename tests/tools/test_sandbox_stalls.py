@@ -3,7 +3,7 @@
 The clean-up after a call removes what the call left; its time grows with what was left. Each attack
 here ends quickly but leaves a clean-up of seconds (hundreds of thousands of names, or directories
 the clean-up must unlock one by one). The runner bounds the clean-up
-(:data:`~toolgym.tools.sandbox_resident.CLEANUP_BOUND_S`): past it the container is retired, and the
+(:data:`~toolgym.tools.sandbox.resident.CLEANUP_BOUND_S`): past it the container is retired, and the
 call that caused it waits for that verdict before its result comes back, so the next call starts in
 another container at once. Before the bound, the next call waited seconds in the same container.
 The last attack tries to stop the clean-up itself, which the call cannot signal. Docker tests skip

@@ -1,9 +1,9 @@
 """Build the default backend's postings: analysis on every core, memory bounded by spilled runs.
 
-The build reads documents from the index's document store (:mod:`toolgym.tools.doc_store`), never
+The build reads documents from the index's document store (:mod:`toolgym.tools.search.doc_store`), never
 from a corpus held in memory, in three steps:
 
-1. **Analyse** (the expensive part: :func:`toolgym.tools.bm25.analyze` is Python) tasks of
+1. **Analyse** (the expensive part: :func:`toolgym.tools.search.bm25.analyze` is Python) tasks of
    ``TASK_DOCS`` documents, in worker processes when the collection is large. A worker returns its
    task's local vocabulary and token ids; the parent maps them to global term ids in task order, so
    the index is byte-identical whatever the number of workers.
@@ -41,9 +41,9 @@ Files written (all little-endian ``.npy`` arrays unless named otherwise)::
     bm25_presshift.npy        uint8 [terms]: the map's bit g covers documents [g << shift, (g + 1) << shift)
     bm25_presence.npy         uint64 [words]: the maps, bit g of a map set when the term occurs there
     bm25_terms.bin, bm25_terms_offsets.npy, bm25_terms_slots.npy
-                              the vocabulary, term id <-> term (:mod:`toolgym.tools.string_table`)
+                              the vocabulary, term id <-> term (:mod:`toolgym.tools.search.string_table`)
 
-Parallelism: :mod:`toolgym.tools.bm25_workers` (plain ``python`` subprocesses, one per CPU, at most
+Parallelism: :mod:`toolgym.tools.search.bm25_workers` (plain ``python`` subprocesses, one per CPU, at most
 8; ``TOOLGYM_INDEX_WORKERS`` sets their number; small collections are analysed in-process).
 """
 
@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from toolgym.errors import BackendError
-from toolgym.tools.bm25 import (
+from toolgym.tools.search.bm25 import (
     BM25Settings,
     lucene_avgdl,
     lucene_idf,
@@ -68,9 +68,9 @@ from toolgym.tools.bm25 import (
     lucene_norm_inverse,
     lucene_term_scores,
 )
-from toolgym.tools.bm25_workers import Workers, analyse_range, worker_count
-from toolgym.tools.doc_store import DocumentStore
-from toolgym.tools.string_table import string_table_files, write_string_table
+from toolgym.tools.search.bm25_workers import Workers, analyse_range, worker_count
+from toolgym.tools.search.doc_store import DocumentStore
+from toolgym.tools.search.string_table import string_table_files, write_string_table
 
 __all__ = ["BLOCK", "FILES", "PRESENCE_BITS", "build_bm25", "presence_layout"]
 

@@ -1,8 +1,8 @@
-"""Answer BM25 queries over the files :mod:`toolgym.tools.bm25_build` wrote.
+"""Answer BM25 queries over the files :mod:`toolgym.tools.search.bm25_build` wrote.
 
-:class:`BM25Ranker` analyses a query (:func:`toolgym.tools.bm25.analyze`), counts repeated terms
+:class:`BM25Ranker` analyses a query (:func:`toolgym.tools.search.bm25.analyze`), counts repeated terms
 into boosts as Anserini's bag-of-words query does, looks the terms up in the memory-mapped vocabulary
-and hands the rest to the C kernel (``tools/_bm25kernel.c``: block-max MaxScore, Lucene's float
+and hands the rest to the C kernel (``tools/search/_bm25kernel.c``: block-max MaxScore, Lucene's float
 arithmetic, Anserini's order), which runs without the GIL: ``top_k_batch`` with ``threads > 1``
 searches on that many threads of this process, sharing one copy of the pages.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from toolgym.tools.bm25 import analyze, lucene_term_scores
-from toolgym.tools.string_table import StringTable
+from toolgym.tools.search.bm25 import analyze, lucene_term_scores
+from toolgym.tools.search.string_table import StringTable
 
 __all__ = ["BM25Ranker", "exhaustive_top_k"]
 
@@ -41,7 +41,7 @@ class BM25Ranker:
     """
 
     def __init__(self, path: Path) -> None:
-        from toolgym.tools._bm25kernel import Ranker
+        from toolgym.tools.search._bm25kernel import Ranker
 
         meta = json.loads((path / "bm25.json").read_text(encoding="utf-8"))
         names = (

@@ -12,7 +12,7 @@ Bibliography-only entries keep their raw strings privately (``raw_refs``) and ar
 parsed fields (title, authors, year, ids, and the rest of the string as ``details``), never as the
 citing paper's string verbatim.
 
-Collection records (:mod:`toolgym.tools.paper_records`, papers that are searchable but not query
+Collection records (:mod:`toolgym.tools.papers.records`, papers that are searchable but not query
 papers) join the same rules: a bibliography entry links to a record by a shared id, then by
 normalised title. A record's given fields (title, authors, date, abstract, venue) are what its merged
 entry shows, never a parse of a citing string; a full paper's own fields still come first. Its own
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolgym.errors import ConfigError
-from toolgym.tools.paper_corpus import SourcePaper
-from toolgym.tools.paper_ids import normalise_arxiv_id, normalise_doi, normalise_openalex_id, normalise_title
-from toolgym.tools.paper_markers import render_markers
-from toolgym.tools.paper_records import CollectionRecord
-from toolgym.tools.paper_refs import parse_reference
+from toolgym.tools.papers.corpus import SourcePaper
+from toolgym.tools.papers.ids import normalise_arxiv_id, normalise_doi, normalise_openalex_id, normalise_title
+from toolgym.tools.papers.markers import render_markers
+from toolgym.tools.papers.records import CollectionRecord
+from toolgym.tools.papers.refs import parse_reference
 
 __all__ = ["Collection", "PaperRecord", "UnionFind", "build_collection"]
 

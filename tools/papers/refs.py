@@ -1,7 +1,7 @@
 """Parsing a raw bibliography string into title, authors, year and the rest (``details``).
 
 Bibliography-only records of the collection are shown to the agent as these parsed fields, never as
-the citing paper's string verbatim (:mod:`toolgym.tools.paper_collection`); the parsed title also
+the citing paper's string verbatim (:mod:`toolgym.tools.papers.collection`); the parsed title also
 feeds the title rule of de-duplication.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from toolgym.tools.paper_ids import ARXIV_ID_IN_TEXT, DOI_IN_TEXT
+from toolgym.tools.papers.ids import ARXIV_ID_IN_TEXT, DOI_IN_TEXT
 
 __all__ = ["ParsedReference", "parse_reference"]
 

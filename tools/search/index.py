@@ -3,9 +3,9 @@
 Two backends rank with the same BM25 (Lucene's, as Anserini configures it) over the same input — each
 document's title, a newline, then its text:
 
-* ``default`` — :mod:`toolgym.tools.bm25` (in-process; a C kernel over memory-mapped numpy arrays,
+* ``default`` — :mod:`toolgym.tools.search.bm25` (in-process; a C kernel over memory-mapped numpy arrays,
   no server and no Java); the base install. Same scores and order as the Lucene backend, bit for bit.
-* ``pyserini`` — Lucene itself via :mod:`toolgym.tools.lucene` (extra ``toolgym[pyserini]``); the
+* ``pyserini`` — Lucene itself via :mod:`toolgym.tools.search.lucene` (extra ``toolgym[pyserini]``); the
   reference the default backend is measured against.
 
 On-disk layout (one directory per index)::
@@ -13,15 +13,15 @@ On-disk layout (one directory per index)::
     manifest.json        format, backend, cache key, corpus hash, settings, size and sha256 of every file
     verified.json        when each file's checksum was last verified (see index_manifest)
     docs.bin, docs_offsets.npy, docs_ids.*
-                         the document store (toolgym.tools.doc_store): texts and external ids
+                         the document store (toolgym.tools.search.doc_store): texts and external ids
     bm25*.npy, bm25*.bin, bm25.json / lucene/
-                         the backend's own files (toolgym.tools.bm25_build lists the default's)
+                         the backend's own files (toolgym.tools.search.bm25_build lists the default's)
 
 A build streams its corpus: each document is checked, hashed and appended to the store as it
 arrives, so memory holds ids, not texts. It writes into a temporary sibling directory renamed into
 place only when complete, so a killed build leaves no half-index under the real name. Opening checks
 every file against the manifest, its size always and its sha256 unless the file is unchanged since
-it was last verified (:mod:`toolgym.tools.index_manifest`): a truncated or altered index is never
+it was last verified (:mod:`toolgym.tools.search.index_manifest`): a truncated or altered index is never
 used silently. :func:`build_index` then logs a warning and rebuilds it (it has the corpus);
 :func:`load_index` raises :class:`~toolgym.errors.BackendError` saying how to fix it. Opening reads no
 file whole, so it costs the same for a thousand documents or a million.
@@ -46,9 +46,9 @@ from typing import Any, Literal, Protocol
 
 from toolgym.data import iter_jsonl
 from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError, did_you_mean
-from toolgym.tools.bm25 import anserini_display
-from toolgym.tools.doc_store import DOC_FILES, DocumentStore, DocumentWriter
-from toolgym.tools.index_manifest import FORMAT, MANIFEST, file_table, fix_hint, read_manifest
+from toolgym.tools.search.bm25 import anserini_display
+from toolgym.tools.search.doc_store import DOC_FILES, DocumentStore, DocumentWriter
+from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, fix_hint, read_manifest
 
 __all__ = [
     "BACKENDS",
@@ -111,7 +111,7 @@ def _check_backend(backend: str) -> None:
 
 
 def _settings(backend: str) -> dict[str, Any]:
-    from toolgym.tools.bm25 import BM25Settings
+    from toolgym.tools.search.bm25 import BM25Settings
 
     settings = asdict(BM25Settings())
     if backend == "pyserini":
@@ -204,7 +204,7 @@ class Index:
         try:
             self._store = DocumentStore(path)
             if self._backend == "default":
-                from toolgym.tools.bm25_search import BM25Ranker
+                from toolgym.tools.search.bm25_search import BM25Ranker
 
                 self._ranker = BM25Ranker(path)
         except (OSError, ValueError, KeyError) as exc:
@@ -215,7 +215,7 @@ class Index:
                 f"{self._n_docs}. {fix_hint(path)}"
             )
         if self._backend != "default":
-            from toolgym.tools.lucene import LuceneBM25
+            from toolgym.tools.search.lucene import LuceneBM25
 
             self._ranker = LuceneBM25(path / "lucene")
 
@@ -337,15 +337,15 @@ def _index_files(tmp: Path, backend: str, key: str, corpus_sha: str, ids: list[s
     advance: Callable[[int], None] = lambda n: progress.advance(task, n)  # noqa: E731
     with progress:
         if backend == "default":
-            from toolgym.tools.bm25 import BM25Settings
-            from toolgym.tools.bm25_build import build_bm25
+            from toolgym.tools.search.bm25 import BM25Settings
+            from toolgym.tools.search.bm25_build import build_bm25
 
             def phase(text: str) -> None:
                 progress.update(task, description=f"{label}: {text}")
 
             build_bm25(tmp, tmp, ids, BM25Settings(), advance=advance, phase=phase)
         else:
-            from toolgym.tools.lucene import build_lucene
+            from toolgym.tools.search.lucene import build_lucene
 
             contents = DocumentStore(tmp, with_ids=False).contents()
             build_lucene(ids, contents, tmp / "lucene", advance=advance)
@@ -452,7 +452,7 @@ def load_index(path: str | Path, *, verify: bool | Literal["full"] = True) -> In
     Args:
         path: The index directory.
         verify: ``True``: sizes, and checksums of files not verified unchanged since; ``"full"``: every
-            checksum; ``False``: sizes only (:func:`toolgym.tools.index_manifest.read_manifest`).
+            checksum; ``False``: sizes only (:func:`toolgym.tools.search.index_manifest.read_manifest`).
 
     Raises:
         BackendError: the directory is missing, incomplete or corrupt (the message says how to fix it).

@@ -5,7 +5,7 @@ Every sandbox container carries :data:`LABEL` (its owner, ``host:pid``), :data:`
 :data:`UID_LABEL` (the uid its untrusted code runs as, which no other sandbox container on the engine
 shares: :func:`uids_in_use`).
 Containers end themselves at their deadline (PID 1 is a ``sleep`` of the lifetime and they are
-auto-removed, see :mod:`toolgym.tools.sandbox_policy`); the reaper is the second line: it removes
+auto-removed, see :mod:`toolgym.tools.sandbox.policy`); the reaper is the second line: it removes
 containers of dead owners on this host and containers :data:`DEADLINE_GRACE_S` past their deadline,
 at start-up, every few seconds while a sandbox is open, and at exit. Containers of live processes
 within their deadline are left alone, so several processes can share one engine.

@@ -1,4 +1,4 @@
-"""Type information for the C extension built from tools/_bm25kernel.c.
+"""Type information for the C extension built from tools/search/_bm25kernel.c.
 
 Every array argument is any object with the buffer protocol (numpy arrays, memory maps, bytes) and
 a 1-d C-contiguous layout; the extension checks item sizes and consistency and raises ValueError.

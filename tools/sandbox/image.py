@@ -10,7 +10,7 @@ The build is idempotent (an existing tag is left alone unless ``force``), needs 
 mounts and chroots) and takes about a minute on a fast mirror. The mirror is read from
 ``TOOLGYM_DEBIAN_MIRROR`` or from the host's apt sources, falling back to ``deb.debian.org``.
 
-Run it as ``toolgym sandbox build`` or ``python -m toolgym.tools.sandbox_image``.
+Run it as ``toolgym sandbox build`` or ``python -m toolgym.tools.sandbox.image``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def debian_mirror() -> str:
 
 
 def _client() -> Any:  # docker ships no type information
-    from toolgym.tools.sandbox import docker_client
+    from toolgym.tools.sandbox.reaper import docker_client
 
     return docker_client()
 

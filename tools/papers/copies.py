@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 
-from toolgym.tools.paper_collection import Collection
-from toolgym.tools.paper_markers import MARKER
+from toolgym.tools.papers.collection import Collection
+from toolgym.tools.papers.markers import MARKER
 
 __all__ = ["near_duplicates", "shingles"]
 

@@ -1,7 +1,7 @@
 """One-shot runs through a resident runner: one ``docker exec`` per container, not one per call.
 
-A :class:`ResidentRunner` is the host's end of ``sandbox_programs/resident.py``, a trusted program
-started once in a warm container (as :data:`~toolgym.tools.sandbox_policy.HARNESS_USER`) whose
+A :class:`ResidentRunner` is the host's end of ``programs/resident.py``, a trusted program
+started once in a warm container (as :data:`~toolgym.tools.sandbox.policy.HARNESS_USER`) whose
 attached stdin/stdout stream is the channel: a call writes a request to that socket and reads frames
 back (see the program's docstring for the protocol). Each call runs in a fresh interpreter process,
 forked from a pre-imported zygote that never holds call data, as the container's sandbox user, with
@@ -11,7 +11,7 @@ empties the writable directories and IPC namespace.
 When a container is clean. Removing what a call left by name is not enough: a call can hold
 resources no process owns (descriptors in flight in a unix socket that holds itself, a port in
 ``TIME_WAIT``). So after the clean-up the runner *measures* the container against its state before
-the first call (``sandbox_programs/baseline.py`` says exactly what "clean" means): free space and
+the first call (``programs/baseline.py`` says exactly what "clean" means): free space and
 inodes of every writable mount, the memory cgroup's unreclaimable usage (within 16 MiB), the unix
 and inet sockets of its network namespace, and (when the call left anything to clean up) file
 locks on its own file systems. A container serves the next call only when all of these match, the
@@ -34,7 +34,7 @@ functions and the standard streams, objects still alive are not finalised (that 
 the zygote's memory and cost more than the rest of the call). Environment, user, groups, working
 directory, ``argv``, stdio and limits are the same (a test compares them).
 
-The host keeps the rules of :func:`~toolgym.tools.sandbox_exec.exec_in`: the calling thread waits
+The host keeps the rules of :func:`~toolgym.tools.sandbox.execution.exec_in`: the calling thread waits
 with the deadline and kills the container on timeout or past the output cap (while another thread
 drains the stream); a container that stops while a call runs is a
 :class:`~toolgym.errors.SandboxError`.
@@ -52,7 +52,7 @@ import time
 from typing import Any
 
 from toolgym.errors import SandboxError
-from toolgym.tools.sandbox_exec import (
+from toolgym.tools.sandbox.execution import (
     EXIT_CPU_LIMIT,
     EXIT_FILE_LIMIT,
     Box,
@@ -60,7 +60,7 @@ from toolgym.tools.sandbox_exec import (
     _probe,
     require_running,
 )
-from toolgym.tools.sandbox_policy import HARNESS_USER
+from toolgym.tools.sandbox.policy import HARNESS_USER
 
 __all__ = ["CLEANUP_BOUND_S", "MAX_RUNS", "ResidentRunner"]
 

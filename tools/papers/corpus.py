@@ -34,7 +34,7 @@ from typing import Any
 from toolgym.data import iter_jsonl
 from toolgym.errors import ConfigError
 from toolgym.splits import record_split
-from toolgym.tools.paper_ids import DOI_IN_TEXT, normalise_arxiv_id, normalise_doi, normalise_openalex_id
+from toolgym.tools.papers.ids import DOI_IN_TEXT, normalise_arxiv_id, normalise_doi, normalise_openalex_id
 
 __all__ = [
     "DEFAULT_CORPUS",
@@ -226,7 +226,7 @@ def load_papers(path: str | Path | None = None) -> list[SourcePaper]:
     path = Path(path) if path is not None else default_corpus_path()
     if not path.is_file():
         raise ConfigError(
-            f"{path}: no such corpus file (expected JSONL, see toolgym.tools.paper_corpus for the format)"
+            f"{path}: no such corpus file (expected JSONL, see toolgym.tools.papers.corpus for the format)"
         )
     papers: list[SourcePaper] = []
     seen: dict[str, str] = {}

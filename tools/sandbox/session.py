@@ -1,6 +1,6 @@
 """Sessions: one container for one episode, interpreter state kept across cells.
 
-A server process inside the container (``sandbox_programs/repl_server.py``, run by the sandbox user)
+A server process inside the container (``programs/repl_server.py``, run by the sandbox user)
 holds the globals; each cell is a short ``exec`` client (``repl_client.py``) that hands the server its
 stdout/stderr (``SCM_RIGHTS``), so output streams back exactly like a one-shot run. A timeout or output
 flood kills the container; the session then starts over in a fresh one (the result says the state was
@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from toolgym.errors import SandboxError
-from toolgym.tools.sandbox_exec import Box, ExecResult, cpu_seconds, program_source
-from toolgym.tools.sandbox_policy import WORKDIR
+from toolgym.tools.sandbox.execution import Box, ExecResult, cpu_seconds, program_source
+from toolgym.tools.sandbox.policy import WORKDIR
 
 if TYPE_CHECKING:
-    from toolgym.tools.sandbox import DockerSandbox
+    from toolgym.tools.sandbox.docker_sandbox import DockerSandbox
 
 __all__ = ["SandboxSession"]
 
@@ -38,7 +38,7 @@ class SandboxSession:
         if self._box is None:
             box = self.sandbox._take()
             api = self.sandbox.client.api
-            server = program_source("toolgym.tools", "sandbox_programs/repl_server")
+            server = program_source("toolgym.tools.sandbox", "programs/repl_server")
             try:
                 exec_id = api.exec_create(
                     box.container.id,
@@ -62,7 +62,7 @@ class SandboxSession:
         """
         cpu = cpu_seconds(timeout, cpu_time_s)
         box = self._ensure()
-        client = program_source("toolgym.tools", "sandbox_programs/repl_client")
+        client = program_source("toolgym.tools.sandbox", "programs/repl_client")
         cmd = ["python3", "-c", client, _SOCKET_PATH, str(cpu)]
         try:
             result = self.sandbox._exec(box, cmd, code.encode("utf-8"), timeout, cpu_limit_s=cpu)

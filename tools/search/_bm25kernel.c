@@ -1,7 +1,7 @@
 /*
  * Top-k BM25 retrieval over the default backend's postings, exact to Lucene's float arithmetic.
  *
- * The Python side (toolgym.tools.bm25_search) analyses the query, looks its terms up and calls
+ * The Python side (toolgym.tools.search.bm25_search) analyses the query, looks its terms up and calls
  * Ranker.search(term_ids, boosts, k). This file does the rest without the GIL, so several threads
  * of one process search at once.
  *
@@ -800,7 +800,7 @@ static PyMethodDef Ranker_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject RankerType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "toolgym.tools._bm25kernel.Ranker",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "toolgym.tools.search._bm25kernel.Ranker",
     .tp_doc = "Top-k BM25 over memory-mapped postings (see the module source for the algorithm).",
     .tp_basicsize = sizeof(Ranker),
     .tp_flags = Py_TPFLAGS_DEFAULT,

@@ -1,8 +1,8 @@
 """Word segmentation as Lucene's ``StandardTokenizer`` does it, for the default search backend.
 
-:func:`tokenize` is the first step of :func:`toolgym.tools.bm25.analyze`; the rest of the analysis
+:func:`tokenize` is the first step of :func:`toolgym.tools.search.bm25.analyze`; the rest of the analysis
 (possessives, lower-casing, stop words, stemming) and why Lucene's behaviour is reproduced at all are
-in :mod:`toolgym.tools.bm25`.
+in :mod:`toolgym.tools.search.bm25`.
 """
 
 from __future__ import annotations

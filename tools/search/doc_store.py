@@ -1,11 +1,11 @@
 """The document store of a search index: titles and texts on disk, read by position or by id.
 
-Files (see :mod:`toolgym.tools.index` for the whole index layout)::
+Files (see :mod:`toolgym.tools.search.index` for the whole index layout)::
 
     docs.bin             UTF-8 titles and texts back to back
     docs_offsets.npy     int64, 2N + 1 entries: title i starts at [2i], its text at [2i + 1], ends at [2i + 2]
     docs_ids.bin, docs_ids_offsets.npy, docs_ids_slots.npy
-                         external ids by position, and position by id (:mod:`toolgym.tools.string_table`)
+                         external ids by position, and position by id (:mod:`toolgym.tools.search.string_table`)
 
 :class:`DocumentWriter` appends documents while a build streams its corpus (so no corpus is ever held
 in memory as a whole); :class:`DocumentStore` opens the files memory-mapped in O(1), whatever the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from toolgym.tools.string_table import StringTable, string_table_files, write_string_table
+from toolgym.tools.search.string_table import StringTable, string_table_files, write_string_table
 
 __all__ = ["DOC_FILES", "DocumentStore", "DocumentWriter"]
 

@@ -1,7 +1,7 @@
 """The ``{{kind:id}}`` markers in a paper's body text: citations, formulas, figures and tables.
 
 A corpus keeps every citation as ``{{cite:<ref_id>}}`` and every formula, figure or table as
-``{{formula:<id>}}`` (and so on) inside a paragraph's text (:mod:`toolgym.tools.paper_corpus`). This
+``{{formula:<id>}}`` (and so on) inside a paragraph's text (:mod:`toolgym.tools.papers.corpus`). This
 module finds the citation markers and renders the others as readable text.
 """
 

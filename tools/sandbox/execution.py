@@ -29,7 +29,7 @@ from importlib import resources
 from typing import Any
 
 from toolgym.errors import SandboxError
-from toolgym.tools.sandbox_policy import HARNESS_USER, WORKDIR, sandbox_user
+from toolgym.tools.sandbox.policy import HARNESS_USER, WORKDIR, sandbox_user
 
 __all__ = [
     "EXIT_CPU_LIMIT",
@@ -99,7 +99,7 @@ class Box:
 
 @functools.cache
 def program_source(package: str, name: str) -> str:
-    """The text of in-container program ``name`` shipped in ``package`` (e.g. ``sandbox_programs/boot``)."""
+    """The text of in-container program ``name`` shipped in ``package`` (e.g. ``programs/boot``)."""
     return (resources.files(package) / f"{name}.py").read_text(encoding="utf-8")
 
 

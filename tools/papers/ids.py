@@ -2,7 +2,7 @@
 
 arXiv ids lose their version and their ``arXiv:``/URL prefixes, DOIs their resolver prefix and case,
 OpenAlex ids their URL; titles become accent-free lower-case words. The collection de-duplicates on
-these forms (:mod:`toolgym.tools.paper_collection`) and resolves a submitted id through them.
+these forms (:mod:`toolgym.tools.papers.collection`) and resolves a submitted id through them.
 """
 
 from __future__ import annotations

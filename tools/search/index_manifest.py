@@ -2,7 +2,7 @@
 
 :func:`file_table` lists a finished index's files; :func:`read_manifest` verifies a directory against
 its ``manifest.json`` and raises :class:`~toolgym.errors.BackendError` with the fix when a file is
-missing, truncated, altered or from another format version (see :mod:`toolgym.tools.index`).
+missing, truncated, altered or from another format version (see :mod:`toolgym.tools.search.index`).
 
 Hashing a million-passage index takes seconds, so opening it in milliseconds needs a shortcut, the
 one ``git status`` takes: after a file's sha256 has been verified, its stat signature (size, mtime,

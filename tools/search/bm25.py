@@ -6,9 +6,9 @@ report. So these modules copy Anserini's *behaviour* (not its code):
 
 * analysis as in Anserini's ``DefaultEnglishAnalyzer`` (:func:`analyze`): word segmentation as
   Lucene's ``StandardTokenizer`` does it (UAX #29 word boundaries, written as regular expressions over
-  Python's character classes, :mod:`toolgym.tools.bm25_tokenize`), the English possessive filter,
+  Python's character classes, :mod:`toolgym.tools.search.bm25_tokenize`), the English possessive filter,
   lower-casing character by character as Java does, Lucene's 33 English stop words, then the Porter
-  stemmer as Lucene has it (:mod:`toolgym.tools.porter`). Checked against Lucene on every document
+  stemmer as Lucene has it (:mod:`toolgym.tools.search.porter`). Checked against Lucene on every document
   of both shipped corpora (identical terms). Known differences remain only in scripts written
   without spaces, which Lucene keeps as whole runs apart from other letters (Thai, Lao, Myanmar,
   Khmer; Katakana next to Latin letters), in characters newer than Lucene's Unicode tables, and in a
@@ -24,9 +24,9 @@ report. So these modules copy Anserini's *behaviour* (not its code):
   its order: score first, ties by external document id; displayed scores rounded to four decimals
   with ties nudged apart by 1e-6 (:func:`anserini_display`).
 
-Where the rest lives: :mod:`toolgym.tools.bm25_build` writes the postings (in bounded memory, analysed
-in parallel by :mod:`toolgym.tools.bm25_workers`), :mod:`toolgym.tools.bm25_search` answers queries through the C kernel
-``toolgym.tools._bm25kernel`` (block-max MaxScore; ``tools/_bm25kernel.c`` explains it).
+Where the rest lives: :mod:`toolgym.tools.search.bm25_build` writes the postings (in bounded memory, analysed
+in parallel by :mod:`toolgym.tools.search.bm25_workers`), :mod:`toolgym.tools.search.bm25_search` answers queries through the C kernel
+``toolgym.tools.search._bm25kernel`` (block-max MaxScore; ``tools/search/_bm25kernel.c`` explains it).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from toolgym.tools.bm25_tokenize import tokenize
-from toolgym.tools.porter import porter_stem
+from toolgym.tools.search.bm25_tokenize import tokenize
+from toolgym.tools.search.porter import porter_stem
 
 __all__ = [
     "ENGLISH_STOP_WORDS",

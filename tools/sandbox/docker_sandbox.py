@@ -1,37 +1,16 @@
-"""Run untrusted Python in hardened Docker containers.
+"""``DockerSandbox``: untrusted Python in hardened Docker containers, one-shot or in sessions.
 
-Threat model. The code comes from a language model being trained with RL, so assume it is adversarial:
-it may try to exhaust the host (fork bombs, memory, CPU, disk, output floods, the engine's log), to
-escape (the Docker socket, setuid binaries, ptrace, namespaces), to reach the network, to outlive its
-time limit or its owner, or to tamper with the trusted harness that scores it. The defences:
-
-* the container policy of :mod:`toolgym.tools.sandbox_policy` (one screen: users, capabilities,
-  seccomp, limits, no engine log), applied to every container;
-* wall-clock timeouts enforced from the host: the calling thread waits with a deadline and kills the
-  container, while separate threads drain output and feed stdin. (Killing from the reader thread would
-  block until the API call's own timeout, because the reader owns the stream the kill must close.)
-  Output is capped; past the cap the run is stopped. CPU time per run (``RLIMIT_CPU``) and file size
-  (``RLIMIT_FSIZE``) are limited inside the container, and the result says when either ended a run;
-* a container ends itself at its deadline (PID 1 is a ``sleep`` of its lifetime), and the reaper of
-  :mod:`toolgym.tools.sandbox_reaper` removes leftovers of dead processes;
-* a container that stops while something runs in it was stopped from outside (the code cannot reach
-  PID 1): that is a :class:`~toolgym.errors.SandboxError`, never a result;
-* a container reused for one-shot runs keeps nothing of one run for the next (see Latency); the
-  runner and its zygote run as root (different uid, not dumpable), so the code can neither signal,
-  trace nor read them, and the zygote never holds a run's code, input or output;
-* each container's code runs as a uid of its own (:func:`~toolgym.tools.sandbox_policy.new_sandbox_uid`),
-  so what the kernel counts per user (descriptors in flight, inotify instances, pipe buffers) one
-  container spends, no other container loses.
+The threat model and its defences: :mod:`toolgym.tools.sandbox`.
 
 Latency. A container start costs hundreds of ms and a ``docker exec`` tens. A warm pool keeps a few
 started containers idle. A one-shot :meth:`DockerSandbox.run` (``one_shot="resident"``, the default)
-goes to a resident runner (:mod:`toolgym.tools.sandbox_resident`): a trusted program started with one
+goes to a resident runner (:mod:`toolgym.tools.sandbox.resident`): a trusted program started with one
 exec in a container, which runs each call in a fresh interpreter forked from a pre-imported zygote,
 as the sandbox user, over the exec's attached stream: no exec per call. A container then serves
 further one-shot calls, but only after the runner has killed every process of the sandbox user,
 emptied ``/work``, ``/tmp``, ``/dev/shm``, ``/dev/mqueue`` and the IPC namespace, and *measured* the
 container back at its baseline (free space and inodes, memory, sockets, locks; the clean-up and the
-checks within :data:`~toolgym.tools.sandbox_resident.CLEANUP_BOUND_S`, paid by the call that needs
+checks within :data:`~toolgym.tools.sandbox.resident.CLEANUP_BOUND_S`, paid by the call that needs
 them); a timeout, output flood, failed or slow clean-up, or anything still held retires it (as do
 half its lifetime and ``MAX_RUNS`` calls), counted in :attr:`DockerSandbox.retirements`. Up to
 ``pool_size`` such containers are kept idle besides the warm pool; with ``pool_size=0`` each run
@@ -46,7 +25,7 @@ streams back exactly like a one-shot run. A timeout or output flood kills the co
 then starts over in a fresh one (the result says the state was lost).
 
 The programs that run inside containers are ordinary files shipped with the package
-(``sandbox_programs/*.py``); the host only reads their text.
+(``programs/*.py``); the host only reads their text.
 """
 
 from __future__ import annotations
@@ -62,8 +41,8 @@ import uuid
 from typing import Any
 
 from toolgym.errors import SandboxError
-from toolgym.tools.sandbox_exec import Box, ExecResult, cpu_seconds, exec_in, program_source
-from toolgym.tools.sandbox_policy import (
+from toolgym.tools.sandbox.execution import Box, ExecResult, cpu_seconds, exec_in, program_source
+from toolgym.tools.sandbox.policy import (
     HARNESS_USER,
     REMAPPED_SANDBOX_UIDS,
     SANDBOX_UIDS,
@@ -73,7 +52,7 @@ from toolgym.tools.sandbox_policy import (
     new_sandbox_uid,
     sandbox_user,
 )
-from toolgym.tools.sandbox_reaper import (
+from toolgym.tools.sandbox.reaper import (
     DEADLINE_LABEL,
     INSTANCE_LABEL,
     LABEL,
@@ -87,8 +66,8 @@ from toolgym.tools.sandbox_reaper import (
     reap_forever,
     uids_in_use,
 )
-from toolgym.tools.sandbox_resident import ResidentRunner
-from toolgym.tools.sandbox_session import SandboxSession
+from toolgym.tools.sandbox.resident import ResidentRunner
+from toolgym.tools.sandbox.session import SandboxSession
 
 __all__ = [
     "DEADLINE_LABEL",
@@ -178,7 +157,7 @@ class DockerSandbox:
         except docker.errors.ImageNotFound:
             raise SandboxUnavailable(
                 f"the sandbox image {image!r} is not built. Fix: run `toolgym sandbox build` "
-                "(or `python -m toolgym.tools.sandbox_image`) as root"
+                "(or `python -m toolgym.tools.sandbox.image`) as root"
             ) from None
         self.image = image
         try:
@@ -258,7 +237,7 @@ class DockerSandbox:
         payload = str(len(src)).encode() + b"\n" + src + stdin.encode("utf-8")
         box = self._take()
         try:
-            boot = program_source("toolgym.tools", "sandbox_programs/boot")
+            boot = program_source("toolgym.tools.sandbox", "programs/boot")
             return self._exec(box, ["python3", "-c", boot, str(cpu)], payload, timeout, cpu_limit_s=cpu)
         finally:
             self._discard(box)
@@ -392,9 +371,9 @@ class DockerSandbox:
             return ResidentRunner.start(
                 self.client,
                 box,
-                program_source("toolgym.tools", "sandbox_programs/resident"),
-                program_source("toolgym.tools", "sandbox_programs/boot"),
-                program_source("toolgym.tools", "sandbox_programs/baseline"),
+                program_source("toolgym.tools.sandbox", "programs/resident"),
+                program_source("toolgym.tools.sandbox", "programs/boot"),
+                program_source("toolgym.tools.sandbox", "programs/baseline"),
             )
         except SandboxError:
             self._discard(box)

@@ -4,7 +4,7 @@ A worker is a plain ``python -c`` subprocess (``WORKER_CODE``) reading tasks (a 
 positions) on stdin and writing pickled results on stdout, not a ``multiprocessing`` pool: a build
 then never re-imports the caller's ``__main__`` script and works from an unguarded script, a notebook
 or a process that runs a JVM. Task j goes to worker j mod n and results are read in task order, so
-what :mod:`toolgym.tools.bm25_build` makes of them does not depend on the number of workers.
+what :mod:`toolgym.tools.search.bm25_build` makes of them does not depend on the number of workers.
 ``TOOLGYM_INDEX_WORKERS`` sets that number (:func:`worker_count`).
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from toolgym.errors import BackendError
-from toolgym.tools.bm25 import analyze
-from toolgym.tools.doc_store import DocumentStore
+from toolgym.tools.search.bm25 import analyze
+from toolgym.tools.search.doc_store import DocumentStore
 
 __all__ = ["WORKER_CODE", "Workers", "analyse_range", "worker_count", "worker_main"]
 
@@ -63,7 +63,7 @@ def analyse_range(store: DocumentStore, lo: int, hi: int) -> tuple[list[str], by
 
 
 #: What an analysis worker runs (``python -c``): a module constant, so tests can make one fail.
-WORKER_CODE = "from toolgym.tools.bm25_workers import worker_main; worker_main()"
+WORKER_CODE = "from toolgym.tools.search.bm25_workers import worker_main; worker_main()"
 _HEADER = struct.Struct("<qq")
 _FRAME = struct.Struct("<q")
 

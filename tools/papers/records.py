@@ -29,7 +29,7 @@ from typing import Any
 
 from toolgym.data import iter_jsonl
 from toolgym.errors import ConfigError
-from toolgym.tools.paper_ids import normalise_arxiv_id, normalise_doi, normalise_openalex_id
+from toolgym.tools.papers.ids import normalise_arxiv_id, normalise_doi, normalise_openalex_id
 
 __all__ = ["CollectionRecord", "load_records", "parse_date"]
 
