@@ -292,6 +292,9 @@ class Trainer:
             await run_warm_start(self, factories[0][0])  # before any rollout worker samples
             if hc.every and self.step == 0:
                 await self._curve()
+            pool = await task_pool(self.config, self.run_dir, self.task_ids, self.progress, self.policy)
+            if pool is not None:
+                self.sampler.samplers[0].task_ids = pool
         except BaseException:
             release()
             raise
@@ -312,9 +315,6 @@ class Trainer:
             start=self.collector.next_group,
             skip=self.task_filter.skip if self.task_filter is not None else None,
         )
-        pool = await task_pool(self.config, self.run_dir, self.task_ids, self.progress, self.policy)
-        if pool is not None:
-            self.sampler.samplers[0].task_ids = pool
         self.collector.start(workers, self.policy.policy_version)
         history: list[dict[str, float]] = []
         mixed = self.config.is_mixture
@@ -327,7 +327,7 @@ class Trainer:
                     )
                     wait, t1 = time.perf_counter() - t0, time.perf_counter()
                     result = await self._learn(kept, workers)
-                    drawn = [g for g in kept] + [g for g, why in dropped if why != "stale"]
+                    drawn = [*kept, *(g for g, why in dropped if why != "stale")]
                     # the mixture's weights and the task filter move before the next groups are admitted
                     self.sampler.observe([g.env for g in drawn], [g.trajectories for g in drawn])
                     if self.task_filter is not None:
@@ -350,9 +350,8 @@ class Trainer:
                         t_learn=time.perf_counter() - t1,
                         curriculum=curriculum,
                     )
-                    if (
-                        hc.every and self.step % hc.every == 0
-                    ):  # before the next wave: no rollout runs beside it
+                    # the curve before the next wave is admitted: no rollout runs beside it
+                    if hc.every and self.step % hc.every == 0:
                         metrics.update({k: v for k, v in (await self._curve()).items() if k != "step"})
                     self.collector.admit_next(workers, self.policy.policy_version)
                     names = self.env_names if mixed else None
