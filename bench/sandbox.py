@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from toolgym.core import Task
 from toolgym.envs.code_exec import load_tasks, reference_code
-from toolgym.envs.code_verifier import HiddenTestVerifier
+from toolgym.envs.code_exec.verifier import HiddenTestVerifier
 from toolgym.tools.sandbox import UID_LABEL, DockerSandbox, sandbox_user
 
 SNIPPET = "import json\nprint(json.dumps(sum(i * i for i in range(1000))))"

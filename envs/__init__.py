@@ -1,4 +1,4 @@
-"""toolgym.envs: the environments (one module each, registered by :mod:`toolgym.registry`) and the checker.
+"""toolgym.envs: the environments (one package each, registered by :mod:`toolgym.registry`) and the checker.
 
 :func:`check_env` is gymnasium's ``check_env`` plus toolgym's own contract checks; run it on every
 environment you write (``toolgym new-env`` generates a test that does). :class:`RemoteEnv` is an

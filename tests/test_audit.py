@@ -112,7 +112,7 @@ def test_code_submissions_that_try_to_fool_the_hidden_tests_earn_nothing() -> No
 
 
 def test_arxiv_collection_exploits_submit_what_they_claim() -> None:
-    from toolgym.envs.arxiv_audit import audit_exploits
+    from toolgym.envs.arxiv_refs.audit import audit_exploits
 
     results = {r.exploit: r for r in audit_env("toolgym/ArxivRefs-v0", n=5, exploits=audit_exploits())}
     whole = results["whole-collection"]

@@ -70,11 +70,11 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/train_rollouts.py",
         "bench/gpu_smoke.sh",
         "src/toolgym/cli.py",
-        "envs/code_exec.py",
+        "envs/code_exec/__main__.py",
         "tools/sandbox/image.py",
     }
     # programs that run inside sandbox containers are not entry points of the host package
-    in_container = ("envs/code_programs/", "tools/sandbox/programs/")
+    in_container = ("envs/code_exec/programs/", "tools/sandbox/programs/")
     found = {str(p.relative_to(ROOT)) for p in (ROOT / "bench").glob("*") if p.suffix in (".py", ".sh")}
     for folder in ("src/toolgym", "envs", "tools", "agents", "training"):
         for path in (ROOT / folder).rglob("*.py"):

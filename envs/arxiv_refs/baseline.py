@@ -10,15 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from toolgym.core import Task
-from toolgym.envs.arxiv_tasks import CONTEXT_END, CONTEXT_START, DEFAULT_MAX_TURNS
+from toolgym.envs.arxiv_refs.data import CONTEXT_END, CONTEXT_START, DEFAULT_MAX_TURNS
+from toolgym.envs.arxiv_refs.env import ArxivRefsEnv
 from toolgym.errors import ConfigError
 from toolgym.parsing import format_tool_call, tool_responses
-
-if TYPE_CHECKING:
-    from toolgym.envs.arxiv_refs import ArxivRefsEnv
 
 __all__ = [
     "MAX_QUERY_WORDS",
@@ -83,8 +80,6 @@ def bm25_baseline(
     Given tasks instead of an environment, they are scored in a default :class:`ArxivRefsEnv`. The
     searches go through the same per-task filtered tools the agent gets, so this is an honest floor.
     """
-    from toolgym.envs.arxiv_refs import ArxivRefsEnv  # here: arxiv_refs re-exports this module
-
     env = env_or_tasks if isinstance(env_or_tasks, ArxivRefsEnv) else ArxivRefsEnv()
     tasks = env.tasks if isinstance(env_or_tasks, ArxivRefsEnv) else list(env_or_tasks)
     if not tasks:

@@ -1,29 +1,4 @@
-"""``toolgym/ArxivRefs-v0``: reconstruct the references of a paper's related-work section.
-
-The agent sees a paper's related-work context with every citation replaced by ``[CITATION n]`` and
-searches a fixed collection of papers to find what was cited. Tools: ``search_papers(query, k)``,
-``read_paper(paper_id)`` and ``submit(paper_ids)`` (terminal). Reward: F1 of the submitted ids against
-the gold collection ids (precision and recall logged; duplicates and unknown ids count against
-precision and are logged as ``answer/duplicates`` and ``answer/unknown_ids``).
-
-The parts, one module each (every public name is re-exported here):
-
-- :mod:`toolgym.envs.arxiv_tasks`: the context rule and task building (placeholders, gold ids).
-- :mod:`toolgym.envs.arxiv_leakage`: the ids banned per task (the query paper, its copies, later
-  papers) and the train/test split by query-paper group.
-- :mod:`toolgym.envs.arxiv_verifier`: the F1 verifier.
-- :mod:`toolgym.envs.arxiv_baseline`: the scripted BM25 baseline (``baseline_rule``).
-- :mod:`toolgym.tools.papers`: the corpus format, the de-duplicated collection, near-duplicates.
-
-Anti-leak on one shared index: ``search_papers`` over-fetches ``k`` plus the number of the task's
-banned ids (at most the index's largest ``k``, :data:`toolgym.tools.search.index.MAX_K`) from the shared
-index and drops banned hits, so it returns ``k`` allowed results without a per-task index;
-``read_paper`` answers a banned id exactly like an unknown one. Bibliography-only records are shown
-as parsed fields, never as the citing string; collection records (``collection=``) as given.
-
-Decisions: collection ids are 10 hex digits (stable, copyable by a small model); the collection,
-tasks and index are built once per configuration per process.
-"""
+"""``ArxivRefsEnv``: the environment, its shared collection and index, and its three tools."""
 
 from __future__ import annotations
 
@@ -35,29 +10,15 @@ from typing import Any
 
 from toolgym.core import FunctionTool, Task, Tool
 from toolgym.env import ToolEnv
-from toolgym.envs.arxiv_audit import audit_exploits
-from toolgym.envs.arxiv_baseline import MAX_QUERY_WORDS as MAX_QUERY_WORDS
-from toolgym.envs.arxiv_baseline import (
-    BaselineResult,
-    BM25BaselineRule,
-    bm25_baseline,
-    placeholder_queries,
-)
-from toolgym.envs.arxiv_baseline import baseline_rule as baseline_rule
-from toolgym.envs.arxiv_leakage import SPLIT_NAMESPACE as SPLIT_NAMESPACE
-from toolgym.envs.arxiv_leakage import TEST_FRACTION as TEST_FRACTION
-from toolgym.envs.arxiv_leakage import banned_ids, label_splits, split_groups
-from toolgym.envs.arxiv_tasks import CONTEXT_END as CONTEXT_END
-from toolgym.envs.arxiv_tasks import CONTEXT_START as CONTEXT_START
-from toolgym.envs.arxiv_tasks import (
+from toolgym.envs.arxiv_refs.data import (
     DEFAULT_FALLBACK,
     DEFAULT_MAX_TURNS,
     DEFAULT_SECTIONS,
     ContextRule,
     build_tasks,
 )
-from toolgym.envs.arxiv_tasks import PROMPT as PROMPT
-from toolgym.envs.arxiv_verifier import CitationF1Verifier
+from toolgym.envs.arxiv_refs.leakage import banned_ids, label_splits
+from toolgym.envs.arxiv_refs.verifier import CitationF1Verifier
 from toolgym.errors import ConfigError, ToolCallError
 from toolgym.splits import check_split, select_split
 from toolgym.tools.papers.collection import Collection, PaperRecord, build_collection
@@ -65,20 +26,7 @@ from toolgym.tools.papers.copies import near_duplicates
 from toolgym.tools.papers.corpus import default_corpus_path, load_papers
 from toolgym.tools.papers.records import load_records
 
-__all__ = [
-    "DEFAULT_FALLBACK",
-    "audit_exploits",
-    "DEFAULT_SECTIONS",
-    "ArxivRefsEnv",
-    "BM25BaselineRule",
-    "BaselineResult",
-    "CitationF1Verifier",
-    "ContextRule",
-    "bm25_baseline",
-    "build_tasks",
-    "placeholder_queries",
-    "split_groups",
-]
+__all__ = ["EXCERPT_CHARS", "MAX_K", "ArxivRefsEnv"]
 
 MAX_K = 20
 EXCERPT_CHARS = 1_500
@@ -209,7 +157,7 @@ class ArxivRefsEnv(ToolEnv):
         near_duplicate_threshold: n-gram overlap at which a record counts as a copy of the query.
         max_turns: assistant turns before truncation.
         split: ``"train"``, ``"test"`` or ``"all"`` (default, the behaviour before splits existed);
-            by query paper, see :mod:`toolgym.envs.arxiv_leakage`. The collection and index are the same
+            by query paper, see :mod:`toolgym.envs.arxiv_refs.leakage`. The collection and index are the same
             in every split.
     """
 

@@ -16,14 +16,14 @@ the candidate does, it is scored; only failures it could not have caused are inf
 * MBPP tests are ``assert`` lines. Each operand of the assert's comparison that mentions the
   candidate's names (``f(x)`` in ``assert f(x) == 3``) is shipped as source to the container
   (together with ``test_setup_code``, which only builds inputs); the comparison runs on the host.
-* In the container, the trusted runner (``code_programs/runner.py``) runs as the container's root
+* In the container, the trusted runner (``programs/runner.py``) runs as the container's root
   with only CAP_SETUID/CAP_SETGID/CAP_KILL, and starts one isolated interpreter per call
-  (``code_programs/driver.py``) as the unprivileged sandbox user: a different uid, so the candidate
+  (``programs/driver.py``) as the unprivileged sandbox user: a different uid, so the candidate
   cannot signal, stop, trace or read the runner (``os.kill(os.getppid(), ...)``, ``kill(-1)``,
   ``killpg`` all fail with EPERM). Each call has a fresh directory, a CPU-time limit, the first place
   in line for the OOM killer, and writes its result, tagged with a per-call random nonce, to a pipe.
   After each call every leftover process is killed. Results cross to the host as plain data
-  (:mod:`toolgym.envs.code_codec`), so an object whose ``__eq__`` always answers True never reaches a
+  (:mod:`toolgym.envs.code_exec.codec`), so an object whose ``__eq__`` always answers True never reaches a
   comparison: anything else arrives as an opaque value equal to nothing. The runner's report is
   tagged with its own nonce; the candidate's exit status and printed output are never read.
 * The container is fresh from the warm pool: the episode's session container is never reused, so
@@ -55,11 +55,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolgym.core import Message, Score, Task
-from toolgym.envs.code_codec import dec, enc
+from toolgym.envs.code_exec.codec import dec, enc
+from toolgym.envs.code_exec.data import find_task
 from toolgym.errors import SandboxError, VerifierError
 from toolgym.tools.sandbox import DockerSandbox, ExecResult, new_nonce, program_source
 
-__all__ = ["MAX_ROUNDS", "HiddenTestVerifier", "default_sandbox", "extract_code"]
+__all__ = ["MAX_ROUNDS", "HiddenTestVerifier", "default_sandbox", "extract_code", "score_submission"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ _TIMEOUT_STATUSES = ("timeout", "cpu_limit")
 
 
 def _program(name: str) -> str:
-    return program_source("toolgym.envs", name)
+    return program_source("toolgym.envs.code_exec", name)
 
 
 # --------------------------------------------------------------------------- value codec (host side)
@@ -374,13 +375,11 @@ class HiddenTestVerifier:
             "nonce": nonce,
             "timeout": self.call_timeout,
             "cpu": max(1, math.ceil(self.call_timeout)),
-            "driver": _program("code_programs/driver"),
-            "codec": _program("code_codec"),
+            "driver": _program("programs/driver"),
+            "codec": _program("codec"),
         }
         budget = len(calls) * (self.call_timeout + 2.0) + 30.0
-        run = self.sandbox.run_harness(
-            _program("code_programs/runner"), stdin=json.dumps(job), timeout=budget
-        )
+        run = self.sandbox.run_harness(_program("programs/runner"), stdin=json.dumps(job), timeout=budget)
         report = None
         for line in run.stdout.splitlines():
             if line.startswith(nonce + " "):
@@ -437,3 +436,8 @@ def default_sandbox() -> DockerSandbox:
         if _DEFAULT is None or _DEFAULT._closed.is_set():
             _DEFAULT = DockerSandbox()
         return _DEFAULT
+
+
+def score_submission(task_id: str, code: str) -> Score:
+    """Score ``code`` against the hidden tests of ``task_id`` (``HumanEval/0``, ``MBPP/11``)."""
+    return HiddenTestVerifier().score(find_task(task_id), code)

@@ -334,7 +334,7 @@ def test_own_bibliography_strings_not_visible_as_is(default_env):
 
 
 def run_tool_text(env, task, cid):
-    from toolgym.envs.arxiv_refs import _render_paper
+    from toolgym.envs.arxiv_refs.env import _render_paper
 
     return _render_paper(env.read(task, cid))
 

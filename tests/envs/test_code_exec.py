@@ -17,18 +17,18 @@ import pytest
 
 import toolgym
 from toolgym.core import Task
-from toolgym.envs import code_codec
 from toolgym.envs.code_exec import (
     KNOWN_BAD_REFERENCES,
     SLOW_REFERENCES,
     CodeExecEnv,
     HiddenTestVerifier,
-    _extract_code,
-    _mbpp_tests,
     load_tasks,
     reference_code,
     score_submission,
 )
+from toolgym.envs.code_exec import codec as code_codec
+from toolgym.envs.code_exec.verifier import _mbpp_tests
+from toolgym.envs.code_exec.verifier import extract_code as _extract_code
 from toolgym.errors import ConfigError, InfraError, SandboxError
 from toolgym.tools.sandbox import DockerSandbox, ExecResult, leaked_containers
 
@@ -87,15 +87,15 @@ def test_mbpp_ships_only_the_operand_that_calls_the_candidate() -> None:
 
 
 def test_in_container_programs_are_shipped_files() -> None:
-    envs = resources.files("toolgym.envs")
-    for name in ("code_programs/runner.py", "code_programs/driver.py", "code_codec.py"):
-        text = (envs / name).read_text()
-        assert 'if __name__ == "__main__":' in text or name == "code_codec.py"
+    package = resources.files("toolgym.envs.code_exec")
+    for name in ("programs/runner.py", "programs/driver.py", "codec.py"):
+        text = (package / name).read_text()
+        assert 'if __name__ == "__main__":' in text or name == "codec.py"
         compile(text, name, "exec")
 
 
 def test_tool_output_names_the_limit_that_stopped_the_code() -> None:
-    from toolgym.envs.code_exec import _format
+    from toolgym.envs.code_exec.env import _format
 
     cpu = ExecResult(152, "", "", False, False, False, 1.0, cpu_time_exceeded=True, cpu_limit_s=10)
     assert _format(cpu) == "\n[killed: CPU time limit of 10 s exceeded]"

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from toolgym.envs.arxiv_leakage import _later, _LaterIndex
+from toolgym.envs.arxiv_refs.leakage import _later, _LaterIndex
 from toolgym.errors import ConfigError
 from toolgym.tools.papers import (
     build_collection,
