@@ -55,7 +55,9 @@ def test_retry_policy_rejects_bad_values(kwargs, message):
 
 def test_every_error_type_sits_in_exactly_one_family():
     from toolgym import errors
+    from toolgym.remote import RemoteEnvError
     from toolgym.tools.sandbox import SandboxUnavailable
+    from toolgym.tools.search import UnknownDocument
 
     families = (
         errors.ToolError,
@@ -65,7 +67,7 @@ def test_every_error_type_sits_in_exactly_one_family():
         errors.VerifierError,
     )
     types = [getattr(errors, name) for name in errors.__all__ if isinstance(getattr(errors, name), type)]
-    types.append(SandboxUnavailable)
+    types += [SandboxUnavailable, UnknownDocument, RemoteEnvError]
     for cls in types:
         if cls is errors.ToolgymError:
             continue

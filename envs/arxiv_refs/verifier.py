@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolgym.core import Message, Score, Task
+from toolgym.errors import VerifierError
 from toolgym.tools.papers.collection import Collection
 
 __all__ = ["CitationF1Verifier"]
@@ -27,7 +28,7 @@ class CitationF1Verifier:
     def score(self, task: Task, answer: Any, trajectory: Sequence[Message]) -> Score:
         gold = task.reference
         if not isinstance(gold, list | tuple) or not gold or not all(isinstance(g, str) for g in gold):
-            raise ValueError(f"task {task.id!r} has no gold ids (reference={gold!r}); fix the data")
+            raise VerifierError(f"task {task.id!r} has no gold ids (reference={gold!r}); fix the data")
         if isinstance(answer, str):
             answer = [a for a in re.split(r"[,\s]+", answer) if a]
         invalid = not isinstance(answer, list | tuple) or not all(isinstance(a, str) for a in answer)

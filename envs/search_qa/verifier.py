@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolgym.core import Message, Score, Task
-from toolgym.errors import ConfigError, did_you_mean
+from toolgym.errors import ConfigError, VerifierError, did_you_mean
 
 __all__ = ["METRICS", "ExactMatchVerifier", "f1_score", "normalize_answer"]
 
@@ -54,7 +54,7 @@ class ExactMatchVerifier:
     def score(self, task: Task, answer: Any, trajectory: Sequence[Message]) -> Score:
         golds = task.reference
         if not isinstance(golds, list | tuple) or not golds or not all(isinstance(g, str) for g in golds):
-            raise ValueError(f"task {task.id!r} has no gold answers (reference={golds!r}); fix the data")
+            raise VerifierError(f"task {task.id!r} has no gold answers (reference={golds!r}); fix the data")
         if not isinstance(answer, str) or not answer.strip():
             return Score(0.0, {"reward/em": 0.0, "reward/f1": 0.0, "answer/invalid": 1.0})
         em = max(float(normalize_answer(answer) == normalize_answer(g)) for g in golds)

@@ -28,7 +28,8 @@ Where each exception type is placed (each in exactly one of the four families ab
 * Sandbox (``toolgym.tools.sandbox``): ``SandboxUnavailable`` (no engine, no image) and
   ``SandboxError`` (a container could not start, an exec failed, a container died) are infra. The
   sandbox translates the docker SDK's own errors into these; one that leaks out untranslated is a bug.
-* Index and paper store: ``BackendError`` (missing, truncated or corrupt files) is infra.
+* Index and paper store: ``BackendError`` (missing, truncated or corrupt files) is infra; an id the
+  index does not hold (``UnknownDocument``) is a :class:`ToolCallError`, the model's.
 * Verifier: :class:`VerifierError` is a verifier *bug* (a harness error, test data that cannot run)
   and raises; never reward 0. A verification that could not run because the infrastructure under it
   failed (its sandbox container died, the engine is down) is infra: a verifier raises an
@@ -42,7 +43,9 @@ Where each exception type is placed (each in exactly one of the four families ab
 * Ray environment actors: an actor that died mid-episode is an :class:`InfraError`.
 * Served environments (``toolgym.remote``): a server that cannot be reached, misses a request's
   deadline, or answers outside the protocol (wrong types, a non-finite reward, an oversized reply)
-  is an :class:`InfraError`; the environment's own errors arrive as themselves.
+  is an :class:`InfraError`; the environment's own errors arrive as themselves, a request the server
+  refuses is a :class:`ConfigError`, and a bug of the served environment or its verifier (an
+  exception outside this tree, on the server) is ``RemoteEnvError``, a :class:`VerifierError`.
 
 Messages say what went wrong, what was expected versus what was got, and how to fix it.
 """
@@ -172,6 +175,9 @@ class MissingDependencyError(ConfigError, ImportError):
 
 class VerifierError(ToolgymError):
     """A verifier bug: it could not score an answer for a reason of its own. Never reward 0; raises.
+
+    A served environment's bug (its environment or verifier raised outside this tree, on the server)
+    arrives as ``RemoteEnvError``, a subclass.
 
     Not an :class:`InfraError`: retrying a bug cannot help, and scoring around it would hide it. A
     verification that failed because its infrastructure did is :class:`VerificationUnavailable`.

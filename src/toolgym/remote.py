@@ -43,7 +43,7 @@ import gymnasium
 from toolgym import errors
 from toolgym.core import Message
 from toolgym.env import MessagesSpace, TextSpace
-from toolgym.errors import ConfigError, InfraError, ToolgymError
+from toolgym.errors import ConfigError, InfraError, ToolgymError, VerifierError
 from toolgym.registry import is_remote_id
 from toolgym.remote_protocol import check_error, check_info, check_reset, check_step
 
@@ -55,7 +55,7 @@ _REUSE_S = 5.0
 MAX_REPLY_BYTES = 16 << 20
 
 
-class RemoteEnvError(ToolgymError):
+class RemoteEnvError(VerifierError):
     """The served environment raised something that is neither a usage nor an infrastructure error:
     a verifier or environment bug. It stops the run, as it would in-process."""
 
@@ -284,7 +284,7 @@ class RemoteEnv(gymnasium.Env[list[Message], str]):
         if status >= 500 and status != 503 and kind:
             raise RemoteEnvError(f"{where}: the environment raised {kind}: {message}")
         if status in (400, 409, 413, 415):
-            raise ToolgymError(f"{where}: {message}")
+            raise ConfigError(f"{where}: {message}")  # a request the server refuses: the caller's mistake
         raise InfraError(f"{where}: {kind or 'no error type'}: {message}")
 
 

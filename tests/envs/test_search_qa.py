@@ -21,7 +21,7 @@ from toolgym.envs.search_qa import (
     f1_score,
     normalize_answer,
 )
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, VerifierError
 from toolgym.parsing import format_tool_call
 
 ENV_ID = "toolgym/SearchQA-v0"
@@ -65,7 +65,7 @@ def test_verifier_em_and_f1():
 
 
 def test_verifier_bug_is_an_error_not_reward_zero():
-    with pytest.raises(ValueError, match="no gold answers"):
+    with pytest.raises(VerifierError, match="no gold answers"):
         ExactMatchVerifier().score(Task("q", "?", []), "x", [])
 
 

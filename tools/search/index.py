@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from toolgym.data import iter_jsonl
-from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError, did_you_mean
+from toolgym.errors import BackendError, ConfigError, ToolCallError, did_you_mean
 from toolgym.tools.search.bm25 import anserini_display
 from toolgym.tools.search.doc_store import DOC_FILES, DocumentStore, DocumentWriter
 from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, fix_hint, read_manifest
@@ -77,8 +77,9 @@ class Hit:
     score: float
 
 
-class UnknownDocument(ToolgymError, KeyError):
-    """``Index.get`` was asked for an id the collection does not hold (the caller's mistake)."""
+class UnknownDocument(ToolCallError, KeyError):
+    """``Index.get`` was asked for an id the collection does not hold (the caller's mistake: a tool
+    that reads documents by the model's id answers it as a failed call)."""
 
     def __init__(self, doc_id: str) -> None:
         super().__init__(f"no document with id {doc_id!r}")
