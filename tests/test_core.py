@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from toolgym.core import SamplingParams, Task
-from toolgym.errors import ConfigError
+from toolgym.core import FunctionTool, SamplingParams, Task
+from toolgym.errors import ConfigError, ToolCallError
 
 
 def test_task_json_round_trip():
@@ -86,3 +86,66 @@ def test_infra_error_keeps_its_episode_metrics_across_pickling():
     err.episode_metrics = {"env/infra_retries": 2.0}
     copy = pickle.loads(pickle.dumps(err))  # how it crosses to the learner from a Ray actor
     assert str(copy) == "container died" and copy.episode_metrics == {"env/infra_retries": 2.0}
+
+
+def test_function_tool_schema_is_read_off_the_signature_and_docstring():
+    def lookup(query: str, ids: list[str], k: int = 3) -> str:
+        """Look things up. Returns one line
+        per hit.
+
+        Args:
+            query: words to look for
+            ids: restrict to these, a list that
+                may be long
+            k: number of hits
+
+        Returns:
+            the hits.
+        """
+        return query
+
+    tool = FunctionTool.from_function(lookup, constraints={"k": {"minimum": 1}}, timeout=5.0)
+    assert (tool.name, tool.description, tool.timeout, tool.terminal) == (
+        "lookup",
+        "Look things up. Returns one line per hit.",
+        5.0,
+        False,
+    )
+    assert tool.parameters == {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "words to look for"},
+            "ids": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "restrict to these, a list that may be long",
+            },
+            "k": {"type": "integer", "minimum": 1, "description": "number of hits", "default": 3},
+        },
+        "required": ["query", "ids"],
+    }
+    # the order is part of what the model reads
+    assert list(tool.parameters["properties"]["k"]) == ["type", "minimum", "description", "default"]
+    assert (
+        "default" not in FunctionTool.from_function(lookup, show_defaults=False).parameters["properties"]["k"]
+    )
+
+
+async def test_a_terminal_function_tool_keeps_its_function_as_a_signature_only():
+    def answer(answer: str) -> str:
+        """Give the answer."""
+        return answer
+
+    tool = FunctionTool.from_function(answer, terminal=True)
+    assert tool.terminal and tool.fn is None and tool.parameters["required"] == ["answer"]
+    with pytest.raises(ToolCallError, match="ends the episode"):
+        await tool(answer="x")
+
+
+def test_a_function_tool_needs_json_typed_annotations():
+    def bad(when: object) -> str:
+        """Bad."""
+        return ""
+
+    with pytest.raises(ConfigError, match=r"bad\(when\): no JSON type"):
+        FunctionTool.from_function(bad)

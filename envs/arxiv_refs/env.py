@@ -244,58 +244,39 @@ class ArxivRefsEnv(ToolEnv):
 
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
         def search_papers(query: str, k: int = 5) -> str:
+            """Search the paper collection (BM25 over titles, authors, reference details and text).
+            Returns lines '[paper_id] title — authors (year)', best first.
+
+            Args:
+                query: words to search for
+                k: number of results
+            """
             records = self.search(task, query, k)
             if not records:
                 return "No papers match this query."
             return "\n".join(_render_hit(r) for r in records)
 
         def read_paper(paper_id: str) -> str:
+            """Read one paper of the collection: title, authors, year, ids, and abstract or text excerpt.
+
+            Args:
+                paper_id: an id from search_papers
+            """
             return _render_paper(self.read(task, paper_id))
 
+        def submit(paper_ids: list[str]) -> str:
+            """Submit the ids of all papers cited in the text; this ends the episode.
+
+            Args:
+                paper_ids: cited paper ids
+            """
+            return " ".join(paper_ids)  # a terminal tool's function is its signature: never run
+
+        # NOTE: v0's search_papers schema states k's range and not its default (the prompt is part of
+        # the environment's version).
+        k_range = {"k": {"minimum": 1, "maximum": MAX_K}}
         return [
-            FunctionTool(
-                "search_papers",
-                "Search the paper collection (BM25 over titles, authors, reference details and text). "
-                "Returns lines '[paper_id] title — authors (year)', best first.",
-                {
-                    "type": "object",
-                    "properties": {
-                        "query": {"type": "string", "description": "words to search for"},
-                        "k": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": MAX_K,
-                            "description": "number of results",
-                        },
-                    },
-                    "required": ["query"],
-                },
-                search_papers,
-            ),
-            FunctionTool(
-                "read_paper",
-                "Read one paper of the collection: title, authors, year, ids, and abstract or text excerpt.",
-                {
-                    "type": "object",
-                    "properties": {"paper_id": {"type": "string", "description": "an id from search_papers"}},
-                    "required": ["paper_id"],
-                },
-                read_paper,
-            ),
-            FunctionTool(
-                "submit",
-                "Submit the ids of all papers cited in the text; this ends the episode.",
-                {
-                    "type": "object",
-                    "properties": {
-                        "paper_ids": {
-                            "type": "array",
-                            "items": {"type": "string"},
-                            "description": "cited paper ids",
-                        }
-                    },
-                    "required": ["paper_ids"],
-                },
-                terminal=True,
-            ),
+            FunctionTool.from_function(search_papers, constraints=k_range, show_defaults=False),
+            FunctionTool.from_function(read_paper),
+            FunctionTool.from_function(submit, terminal=True),
         ]

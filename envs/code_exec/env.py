@@ -88,32 +88,26 @@ class CodeExecEnv(ToolEnv):
         return super()._choose_task(options)
 
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
+        def submit(code: str) -> str:
+            """Submit the complete solution code; this ends the episode.
+
+            Args:
+                code: the complete solution
+            """
+            return code  # a terminal tool's function is its signature: the environment never runs it
+
         return [
-            FunctionTool(
-                name="python",
-                description="Run Python code in a sandbox (no network). Variables persist between calls; "
-                "the value of a final expression is printed.",
-                parameters={
-                    "type": "object",
-                    "properties": {"code": {"type": "string", "description": "Python source to run"}},
-                    "required": ["code"],
-                },
-                fn=self._python,
-                timeout=self.tool_timeout + 30.0,
-            ),
-            FunctionTool(
-                name="submit",
-                description="Submit the complete solution code; this ends the episode.",
-                parameters={
-                    "type": "object",
-                    "properties": {"code": {"type": "string", "description": "the complete solution"}},
-                    "required": ["code"],
-                },
-                terminal=True,
-            ),
+            FunctionTool.from_function(self._python, name="python", timeout=self.tool_timeout + 30.0),
+            FunctionTool.from_function(submit, terminal=True),
         ]
 
     async def _python(self, code: str) -> str:
+        """Run Python code in a sandbox (no network). Variables persist between calls; the value of a
+        final expression is printed.
+
+        Args:
+            code: Python source to run
+        """
         if self._session is None:
             sandbox = self._sandbox if self._sandbox is not None else default_sandbox()
             self._session = sandbox.session()

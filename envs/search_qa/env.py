@@ -107,6 +107,12 @@ class SearchQAEnv(ToolEnv):
         index = self.index
 
         def search(query: str, k: int = 3) -> str:
+            """Search the document collection. Returns up to k results as [doc_id] title: snippet.
+
+            Args:
+                query: words to search for
+                k: number of results, 1-10
+            """
             if not query.strip():
                 raise ToolCallError("empty query: pass the words to search for", tool="search")
             if not 1 <= k <= MAX_K:
@@ -122,6 +128,11 @@ class SearchQAEnv(ToolEnv):
             return "\n".join(lines)
 
         def open_doc(doc_id: str) -> str:
+            """Read the full text of a document by its id.
+
+            Args:
+                doc_id: id from search results
+            """
             try:
                 doc = index.get(doc_id.strip())
             except KeyError:
@@ -130,40 +141,12 @@ class SearchQAEnv(ToolEnv):
                 ) from None
             return f"[{doc['id']}] {doc['title']}\n{doc['text']}"
 
+        def answer(answer: str) -> str:
+            """Give the final answer (a short phrase). Ends the episode."""
+            return answer  # a terminal tool's function is its signature: the environment never runs it
+
         return [
-            FunctionTool(
-                "search",
-                "Search the document collection. Returns up to k results as [doc_id] title: snippet.",
-                {
-                    "type": "object",
-                    "properties": {
-                        "query": {"type": "string", "description": "words to search for"},
-                        "k": {
-                            "type": "integer",
-                            "description": f"number of results, 1-{MAX_K}",
-                            "default": 3,
-                        },
-                    },
-                    "required": ["query"],
-                },
-                fn=search,
-                timeout=10.0,
-            ),
-            FunctionTool(
-                "open",
-                "Read the full text of a document by its id.",
-                {
-                    "type": "object",
-                    "properties": {"doc_id": {"type": "string", "description": "id from search results"}},
-                    "required": ["doc_id"],
-                },
-                fn=open_doc,
-                timeout=10.0,
-            ),
-            FunctionTool(
-                "answer",
-                "Give the final answer (a short phrase). Ends the episode.",
-                {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
-                terminal=True,
-            ),
+            FunctionTool.from_function(search, timeout=10.0),
+            FunctionTool.from_function(open_doc, name="open", timeout=10.0),
+            FunctionTool.from_function(answer, terminal=True),
         ]

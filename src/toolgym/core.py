@@ -130,6 +130,32 @@ class FunctionTool:
     timeout: float = 30.0
     terminal: bool = False
 
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., str | Awaitable[str]],
+        *,
+        name: str | None = None,
+        timeout: float = 30.0,
+        terminal: bool = False,
+        constraints: Mapping[str, Mapping[str, Any]] | None = None,
+        show_defaults: bool = True,
+    ) -> FunctionTool:
+        """A tool whose schema is read off ``fn``: its typed signature and its Google-style docstring.
+
+        The description is the docstring before ``Args:``; each parameter's JSON type comes from its
+        annotation (``str``, ``int``, ``float``, ``bool``, ``list[...]``), its description from its
+        ``Args:`` entry, and a parameter without a default is required. ``constraints`` adds schema
+        keywords per parameter (``{"k": {"minimum": 1}}``); ``show_defaults=False`` leaves the defaults
+        out. The schema is what the model reads, so its key order is fixed: ``type``, ``items``, the
+        constraints, ``description``, ``default``. A terminal tool keeps ``fn`` as its signature only.
+        """
+        from toolgym.schemas import function_schema  # inspect's import, paid by the tools that use it
+
+        description, schema = function_schema(fn, constraints=constraints, show_defaults=show_defaults)
+        tool_fn = None if terminal else fn
+        return cls(name or fn.__name__, description, schema, tool_fn, timeout=timeout, terminal=terminal)
+
     async def __call__(self, **arguments: Any) -> str:
         if self.fn is None:
             raise ToolCallError("this tool ends the episode and has no output", tool=self.name)
