@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.core import Task
-from toolgym.data import iter_records
+from toolgym.data import UniqueIds, iter_records
 from toolgym.errors import ConfigError
 from toolgym.splits import SplitItem, assign_splits, label_tasks, record_split
 
@@ -99,7 +99,7 @@ def default_questions() -> list[Task]:
 
 def load_questions(path: str | Path) -> list[Task]:
     tasks, explicit, places = [], [], []
-    seen: dict[str, str] = {}
+    ids = UniqueIds(path, "question")
     for lineno, record in iter_records(path, required=("id", "question", "answers"), kind="question"):
         where = f"{path}:{lineno}"
         answers = record["answers"]
@@ -113,11 +113,7 @@ def load_questions(path: str | Path) -> list[Task]:
             raise ConfigError(
                 f"{where}: question {record['id']!r}: 'answers' must be a non-empty list of strings"
             )
-        if str(record["id"]) in seen:
-            raise ConfigError(
-                f"{where}: duplicate question id {record['id']!r} (first used at {seen[str(record['id'])]})"
-            )
-        seen[str(record["id"])] = where
+        ids.add(str(record["id"]), lineno)
         gold = record.get("gold_doc")
         if gold is not None and (isinstance(gold, bool) or not isinstance(gold, str | int)):
             raise ConfigError(
@@ -136,15 +132,10 @@ def load_questions(path: str | Path) -> list[Task]:
 
 def load_corpus(path: str | Path) -> list[dict[str, str]]:
     docs = []
-    seen: dict[str, int] = {}
+    ids = UniqueIds(path, "document")
     for lineno, r in iter_records(path, required=("id", "text"), kind="document"):
         doc_id = str(r["id"])
-        if doc_id in seen:
-            raise ConfigError(
-                f"{path}:{lineno}: duplicate document id {doc_id!r} (first used at line {seen[doc_id]}); "
-                "ids must be unique"
-            )
-        seen[doc_id] = lineno
+        ids.add(doc_id, lineno)
         docs.append({"id": doc_id, "title": str(r.get("title", "")), "text": str(r["text"])})
     if not docs:
         raise ConfigError(f"{path}: no documents")

@@ -10,7 +10,7 @@ from typing import Any
 
 from toolgym.errors import ConfigError
 
-__all__ = ["iter_jsonl", "iter_records", "json_error", "read_jsonl"]
+__all__ = ["UniqueIds", "iter_jsonl", "iter_records", "json_error", "read_jsonl"]
 
 
 def json_error(exc: json.JSONDecodeError) -> str:
@@ -71,3 +71,20 @@ def read_jsonl(
     """The JSON objects of :func:`iter_records`, without their line numbers."""
     for _, record in iter_records(path, required=required, kind=kind):
         yield record
+
+
+class UniqueIds:
+    """The ids a loader has read from one file, each with its line: a repeated id names both lines."""
+
+    def __init__(self, path: str | Path, kind: str = "") -> None:
+        self.path, self.kind = path, f"{kind} " if kind else ""
+        self._lines: dict[str, int] = {}
+
+    def add(self, key: str, lineno: int) -> None:
+        """Record ``key`` read at ``lineno``; :class:`ConfigError` when an earlier line had it."""
+        first = self._lines.setdefault(key, lineno)
+        if first != lineno:
+            raise ConfigError(
+                f"{self.path}:{lineno}: duplicate {self.kind}id {key!r} (first used at line {first}); "
+                "ids must be unique"
+            )

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 
 import pytest
 
-from toolgym.tools.sandbox import DockerSandbox, leaked_containers
+if str(Path(__file__).parent) not in sys.path:  # sandboxkit (this folder) is imported by module name
+    sys.path.insert(0, str(Path(__file__).parent))
 
+from sandboxkit import mine, need_docker  # noqa: E402
 
-def need_docker() -> None:
-    """Skip only when TOOLGYM_SKIP_DOCKER=1 asks for it (CI never sets it)."""
-    if os.environ.get("TOOLGYM_SKIP_DOCKER") == "1":
-        pytest.skip("TOOLGYM_SKIP_DOCKER=1")
-
-
-def mine(box: DockerSandbox) -> list[str]:
-    """Containers of ``box`` still known to the engine, once handed-back ones are removed."""
-    box.wait_removals()
-    return leaked_containers(box.client, instance=box.instance)
+from toolgym.tools.sandbox import DockerSandbox  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +29,16 @@ def sandbox():
 def pooled():
     need_docker()
     box = DockerSandbox(pool_size=2)
+    yield box
+    box.close()
+    assert mine(box) == []
+
+
+@pytest.fixture(scope="module")
+def resident():
+    """One idle resident container: serial calls land in the same container while it stays clean."""
+    need_docker()
+    box = DockerSandbox(pool_size=1, memory_mb=128, max_output_bytes=256 * 1024)
     yield box
     box.close()
     assert mine(box) == []

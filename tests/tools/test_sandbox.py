@@ -17,6 +17,7 @@ import textwrap
 import time
 
 import pytest
+from sandboxkit import mine, need_docker
 
 from toolgym.errors import SandboxError
 from toolgym.tools.sandbox import (
@@ -68,21 +69,11 @@ def test_debian_mirror_can_be_overridden(monkeypatch: pytest.MonkeyPatch) -> Non
 # --------------------------------------------------------------------------- helpers (fixtures: conftest.py)
 
 
-def _need_docker() -> None:
-    if os.environ.get("TOOLGYM_SKIP_DOCKER") == "1":
-        pytest.skip("TOOLGYM_SKIP_DOCKER=1")
-
-
-def _mine(box: DockerSandbox) -> list[str]:
-    box.wait_removals()
-    return leaked_containers(box.client, instance=box.instance)
-
-
 def _run(
     box: DockerSandbox, code: str, timeout: float = 10.0, stdin: str = "", cpu_time_s: float | None = None
 ) -> ExecResult:
     result = box.run(textwrap.dedent(code), timeout=timeout, stdin=stdin, cpu_time_s=cpu_time_s)
-    assert _mine(box) == [], "a container outlived its run"
+    assert mine(box) == [], "a container outlived its run"
     return result
 
 
@@ -110,12 +101,12 @@ def test_runs_as_the_containers_own_unprivileged_user_in_workdir(sandbox: Docker
 @pytest.mark.docker
 def test_warm_pool_runs_each_container_once_on_the_exec_path() -> None:
     # The resident path reuses containers after clean-up: test_sandbox_resident.py.
-    _need_docker()
+    need_docker()
     with DockerSandbox(pool_size=2, one_shot="exec") as pooled:
         hostnames = {
             pooled.run("import socket; print(socket.gethostname())", timeout=10).stdout for _ in range(4)
         }
-    assert len(hostnames) == 4 and _mine(pooled) == []
+    assert len(hostnames) == 4 and mine(pooled) == []
 
 
 @pytest.mark.docker
@@ -132,7 +123,7 @@ def test_session_keeps_state_and_restarts_after_timeout(pooled: DockerSandbox) -
 
 @pytest.mark.docker
 def test_missing_image_raises_with_build_hint() -> None:
-    _need_docker()
+    need_docker()
     with pytest.raises(SandboxUnavailable, match="toolgym sandbox build"):
         DockerSandbox(image="toolgym-sandbox:does-not-exist")
 
@@ -343,7 +334,7 @@ def test_attack_ptrace_and_user_namespaces_are_denied(sandbox: DockerSandbox) ->
 
 @pytest.mark.docker
 def test_sigkilled_owner_leaves_orphans_that_the_next_start_reaps() -> None:
-    _need_docker()
+    need_docker()
     script = textwrap.dedent(
         """
         from toolgym.tools.sandbox import DockerSandbox

@@ -13,12 +13,11 @@ TOOLGYM_SKIP_DOCKER=1 asks for it.
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
 
-from toolgym.tools.sandbox import DockerSandbox, ExecResult, leaked_containers
+from toolgym.tools.sandbox import DockerSandbox, ExecResult
 
 # Puts descriptors in flight in a unix socket pair that holds itself, then closes every descriptor:
 # no process owns the pair or what it carries any more.
@@ -34,26 +33,6 @@ def hold(*fds):
     a.close()
     b.close()
 """
-
-
-def need_docker() -> None:
-    if os.environ.get("TOOLGYM_SKIP_DOCKER") == "1":
-        pytest.skip("TOOLGYM_SKIP_DOCKER=1")
-
-
-def mine(box: DockerSandbox) -> list[str]:
-    box.wait_removals()
-    return leaked_containers(box.client, instance=box.instance)
-
-
-@pytest.fixture(scope="module")
-def resident():
-    """One idle resident container: serial calls land in the same container while it stays clean."""
-    need_docker()
-    box = DockerSandbox(pool_size=1, memory_mb=128, max_output_bytes=256 * 1024)
-    yield box
-    box.close()
-    assert mine(box) == []
 
 
 def _run(box: DockerSandbox, code: str, timeout: float = 20.0) -> ExecResult:

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from sandboxkit import mine, need_docker
 
 from toolgym.errors import InfraError, SandboxError
 from toolgym.tools.sandbox import (
@@ -34,21 +35,11 @@ from toolgym.tools.sandbox.policy import (
 from toolgym.tools.sandbox.reaper import engine_remaps_users
 
 
-def _need_docker() -> None:
-    if os.environ.get("TOOLGYM_SKIP_DOCKER") == "1":
-        pytest.skip("TOOLGYM_SKIP_DOCKER=1")
-
-
-def _mine(box: DockerSandbox) -> list[str]:
-    box.wait_removals()
-    return leaked_containers(box.client, instance=box.instance)
-
-
 def _run(
     box: DockerSandbox, code: str, timeout: float = 10.0, stdin: str = "", cpu_time_s: float | None = None
 ) -> ExecResult:
     result = box.run(textwrap.dedent(code), timeout=timeout, stdin=stdin, cpu_time_s=cpu_time_s)
-    assert _mine(box) == [], "a container outlived its run"
+    assert mine(box) == [], "a container outlived its run"
     return result
 
 
@@ -189,7 +180,7 @@ def test_file_size_limit_stops_one_big_file(sandbox: DockerSandbox) -> None:
 
 @pytest.mark.docker
 def test_container_killed_from_outside_is_a_sandbox_error() -> None:
-    _need_docker()
+    need_docker()
     box = DockerSandbox(pool_size=0)
     outcome: list[object] = []
 
@@ -223,7 +214,7 @@ def test_container_stops_itself_at_its_deadline_after_its_owner_is_killed() -> N
     The child labels its containers as owned by this (live) test process, so no reaper on this host
     touches them before their deadline plus grace: whatever stops the container is the container.
     """
-    _need_docker()
+    need_docker()
     owner = f"{socket.gethostname()}:{os.getpid()}"
     script = textwrap.dedent(
         f"""

@@ -10,12 +10,11 @@ Docker tests skip only when TOOLGYM_SKIP_DOCKER=1 asks for it.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 
 import pytest
 
-from toolgym.tools.sandbox import DockerSandbox, ExecResult, leaked_containers, program_source
+from toolgym.tools.sandbox import DockerSandbox, ExecResult, program_source
 
 # What the next call sees of everything a call could leave behind.
 CENSUS = """
@@ -32,26 +31,6 @@ files = {d: sorted(os.listdir(d)) for d in ('/work', '/tmp', '/dev/shm', '/dev/m
 ipc = {k: open(f'/proc/sysvipc/{k}').read().splitlines()[1:] for k in ('shm', 'sem', 'msg')}
 print(json.dumps({'host': socket.gethostname(), 'procs': procs, 'files': files, 'ipc': ipc}))
 """
-
-
-def need_docker() -> None:
-    if os.environ.get("TOOLGYM_SKIP_DOCKER") == "1":
-        pytest.skip("TOOLGYM_SKIP_DOCKER=1")
-
-
-def mine(box: DockerSandbox) -> list[str]:
-    box.wait_removals()
-    return leaked_containers(box.client, instance=box.instance)
-
-
-@pytest.fixture(scope="module")
-def resident():
-    """One idle resident container: serial calls land in the same container."""
-    need_docker()
-    box = DockerSandbox(pool_size=1, memory_mb=128, max_output_bytes=256 * 1024)
-    yield box
-    box.close()
-    assert mine(box) == []
 
 
 def _run(box: DockerSandbox, code: str, timeout: float = 10.0, **kwargs: object) -> ExecResult:

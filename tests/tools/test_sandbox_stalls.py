@@ -12,19 +12,14 @@ only when TOOLGYM_SKIP_DOCKER=1 asks for it.
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
+from sandboxkit import mine, need_docker
 
-from toolgym.tools.sandbox import DockerSandbox, leaked_containers
+from toolgym.tools.sandbox import DockerSandbox
 
 HOST = "import socket\nprint(socket.gethostname())"
-
-
-def need_docker() -> None:
-    if os.environ.get("TOOLGYM_SKIP_DOCKER") == "1":
-        pytest.skip("TOOLGYM_SKIP_DOCKER=1")
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +28,7 @@ def resident():
     box = DockerSandbox(pool_size=1, memory_mb=512)
     yield box
     box.close()
-    box.wait_removals()
-    assert leaked_containers(box.client, instance=box.instance) == []
+    assert mine(box) == []
 
 
 def _stall(box: DockerSandbox, code: str) -> tuple[str, str]:

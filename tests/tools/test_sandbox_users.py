@@ -12,17 +12,12 @@ skip only when TOOLGYM_SKIP_DOCKER=1 asks for it.
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
+from sandboxkit import mine, need_docker
 
-from toolgym.tools.sandbox import DockerSandbox, leaked_containers
-
-
-def need_docker() -> None:
-    if os.environ.get("TOOLGYM_SKIP_DOCKER") == "1":
-        pytest.skip("TOOLGYM_SKIP_DOCKER=1")
+from toolgym.tools.sandbox import DockerSandbox
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +26,7 @@ def sandbox():
     box = DockerSandbox(pool_size=2)
     yield box
     box.close()
-    box.wait_removals()
-    assert leaked_containers(box.client, instance=box.instance) == []
+    assert mine(box) == []
 
 
 def _hold(sandbox: DockerSandbox, code: str) -> object:

@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from toolgym.data import iter_jsonl
+from toolgym.data import UniqueIds, iter_jsonl
 from toolgym.errors import ConfigError
 from toolgym.splits import record_split
 from toolgym.tools.papers.ids import DOI_IN_TEXT, normalise_arxiv_id, normalise_doi, normalise_openalex_id
@@ -229,13 +229,10 @@ def load_papers(path: str | Path | None = None) -> list[SourcePaper]:
             f"{path}: no such corpus file (expected JSONL, see toolgym.tools.papers.corpus for the format)"
         )
     papers: list[SourcePaper] = []
-    seen: dict[str, str] = {}
+    ids = UniqueIds(path, "paper")
     for lineno, record in iter_jsonl(path, what="corpus file"):
-        where = f"{path}:{lineno}"
-        paper = _parse_record(record, where)
-        if paper.paper_id in seen:
-            raise ConfigError(f"{where}: paper_id {paper.paper_id!r} already used at {seen[paper.paper_id]}")
-        seen[paper.paper_id] = where
+        paper = _parse_record(record, f"{path}:{lineno}")
+        ids.add(paper.paper_id, lineno)
         papers.append(paper)
     if not papers:
         raise ConfigError(f"{path}: no records")

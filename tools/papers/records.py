@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolgym.data import iter_jsonl
+from toolgym.data import UniqueIds, iter_jsonl
 from toolgym.errors import ConfigError
 from toolgym.tools.papers.ids import normalise_arxiv_id, normalise_doi, normalise_openalex_id
 
@@ -170,15 +170,10 @@ def load_records(path: str | Path) -> list[CollectionRecord]:
             f"{path}: no such collection file (JSONL, one record per line; see environments.md)"
         )
     records: list[CollectionRecord] = []
-    seen: dict[str, int] = {}
+    ids = UniqueIds(path)
     for lineno, raw in iter_jsonl(path, what="collection file"):
-        where = f"{path}:{lineno}"
-        record = _parse(raw, where)
-        if record.record_id in seen:
-            raise ConfigError(
-                f"{where}: duplicate id {record.record_id!r} (first used at line {seen[record.record_id]})"
-            )
-        seen[record.record_id] = lineno
+        record = _parse(raw, f"{path}:{lineno}")
+        ids.add(record.record_id, lineno)
         records.append(record)
     if not records:
         raise ConfigError(f"{path}: no records in the collection file")
