@@ -34,7 +34,7 @@ from typing import Any
 from toolgym.agents.rollout import write_trajectories
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
-from toolgym.manifest import MANIFEST, manifest_differences, read_run_manifest
+from toolgym.records.manifest import MANIFEST, manifest_differences, read_run_manifest
 
 __all__ = [
     "COMPARE_FIELDS",
@@ -137,7 +137,7 @@ class EvalRun:
     settings: EvalSettings
     status: str
     trajectories: Mapping[str, Sequence[Trajectory]]
-    #: ``manifest.json`` (:mod:`toolgym.manifest`); ``None`` for a run from before manifests
+    #: ``manifest.json`` (:mod:`toolgym.records.manifest`); ``None`` for a run from before manifests
     manifest: Mapping[str, Any] | None = None
 
     @property

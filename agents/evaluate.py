@@ -33,7 +33,7 @@ from toolgym.agents.harness import get_harness
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Policy, SamplingParams, TaskToolEnv, Trajectory
 from toolgym.errors import ConfigError, did_you_mean
-from toolgym.manifest import env_fingerprint, run_manifest, write_run_manifest
+from toolgym.records.manifest import env_fingerprint, run_manifest, write_run_manifest
 from toolgym.registry import make
 
 __all__ = [
@@ -76,7 +76,7 @@ class EvalReport:
     settings: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: episodes by track, in task order; not in ``to_json`` (the JSONL files hold them)
     trajectories: dict[str, list[Trajectory]] = field(default_factory=dict, repr=False, compare=False)
-    #: the run manifest (:mod:`toolgym.manifest`), also written to ``out_dir/manifest.json``
+    #: the run manifest (:mod:`toolgym.records.manifest`), also written to ``out_dir/manifest.json``
     manifest: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> str:
@@ -310,20 +310,11 @@ def check_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
     """
     import inspect
 
-    from gymnasium.envs.registration import load_env_creator
+    from toolgym.registry import env_creator
 
-    from toolgym.registry import check_id, is_remote_id
-
-    check_id(env_id)  # an unknown id says "did you mean"; a module:id imports its module
-    if is_remote_id(env_id):  # a served environment: its arguments are the client's (token, timeout)
-        from toolgym.remote import RemoteEnv
-
-        creator: Any = RemoteEnv
-    else:
-        spec = gymnasium.spec(env_id.rpartition(":")[2])
-        creator = (
-            load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
-        )
+    # an unknown id says "did you mean"; a module:id imports its module; a served environment's
+    # arguments are its client's (token, timeout)
+    creator = env_creator(env_id)
     if creator is None:
         return  # no creator to inspect: gymnasium.make reports it
     try:

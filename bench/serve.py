@@ -1,10 +1,10 @@
-"""Served environments: step latency of ``RemoteEnv`` over loopback vs in-process, and server throughput.
+"""Served environments: step latency of ``ServedEnv`` over loopback vs in-process, and server throughput.
 
 A ``toolgym serve`` process is started per environment (a separate process, as in use). Latency: the
 same step (a SearchQA search, a CodeExec ``python`` call) timed in alternation in-process and through
-``RemoteEnv``, so machine load affects both alike; the overhead is the difference of the medians.
+``ServedEnv``, so machine load affects both alike; the overhead is the difference of the medians.
 Throughput: short SearchQA episodes (reset, search, answer) from 1, 8 and 64 concurrent clients
-(asyncio tasks, one ``RemoteEnv`` each) against one server, after one untimed episode per client;
+(asyncio tasks, one ``ServedEnv`` each) against one server, after one untimed episode per client;
 errors are counted, not hidden.
 
     python bench/serve.py --steps 200 --code-steps 30 --episodes 256
@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from toolgym.registry import make
-from toolgym.remote import RemoteEnv
+from toolgym.serving.client import ServedEnv
 
 SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "history of the city"}}</tool_call>'
 ANSWER = '<tool_call>{"name": "answer", "arguments": {"answer": "Paris"}}</tool_call>'
@@ -62,7 +62,7 @@ def pct(values: list[float], q: float) -> float:
 
 def latency(env_id: str, action: str, steps: int, options: dict[str, Any]) -> dict[str, float]:
     proc, url = start_server(env_id, 4)
-    native, remote = make(env_id), RemoteEnv(url)
+    native, remote = make(env_id), ServedEnv(url)
     times: dict[str, list[float]] = {"in-process": [], "remote": []}
     try:
         for env in (native, remote):  # warm-up: first search, first container
@@ -90,14 +90,14 @@ async def throughput(url: str, clients: int, episodes: int) -> tuple[float, int]
     """Steady-state episodes/s: every client connects and plays one untimed episode first (the server
     builds one environment per concurrent session the first time: ~43 ms each for SearchQA)."""
     done, errors = 0, 0
-    envs = [await asyncio.to_thread(RemoteEnv, url) for _ in range(clients)]
+    envs = [await asyncio.to_thread(ServedEnv, url) for _ in range(clients)]
 
-    async def episode(env: RemoteEnv, seed: int) -> None:
+    async def episode(env: ServedEnv, seed: int) -> None:
         await env.areset(seed=seed)
         await env.astep(SEARCH)
         await env.astep(ANSWER)
 
-    async def client(env: RemoteEnv) -> None:
+    async def client(env: ServedEnv) -> None:
         nonlocal done, errors
         while done + errors < episodes:
             try:
@@ -128,7 +128,7 @@ def main() -> None:
     if args.code_steps:
         options = {"task_id": "HumanEval/0"}
         rows.append(("CodeExec python", latency("toolgym/CodeExec-v0", PYTHON, args.code_steps, options)))
-    print("\nstep latency, in-process vs RemoteEnv over loopback (same step, alternated)")
+    print("\nstep latency, in-process vs ServedEnv over loopback (same step, alternated)")
     print(
         f"{'step':<16} {'in-proc p50':>11} {'remote p50':>11} {'overhead p50':>13} {'in-proc p99':>11} {'remote p99':>11}"
     )

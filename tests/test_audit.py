@@ -13,8 +13,8 @@ import pytest
 
 import toolgym.envs  # noqa: F401  (registers the shipped environments)
 from toolgym import FunctionTool, Score, Task, ToolEnv
-from toolgym.audit import audit_env, generic_exploits
 from toolgym.cli import main
+from toolgym.envs.audit import audit_env, generic_exploits
 
 GENERIC = {e.name for e in generic_exploits()}
 

@@ -55,7 +55,7 @@ def test_retry_policy_rejects_bad_values(kwargs, message):
 
 def test_every_error_type_sits_in_exactly_one_family():
     from toolgym import errors
-    from toolgym.remote import RemoteEnvError
+    from toolgym.serving.client import ServedEnvError
     from toolgym.tools.sandbox import SandboxUnavailable
     from toolgym.tools.search import UnknownDocument
 
@@ -67,7 +67,7 @@ def test_every_error_type_sits_in_exactly_one_family():
         errors.VerifierError,
     )
     types = [getattr(errors, name) for name in errors.__all__ if isinstance(getattr(errors, name), type)]
-    types += [SandboxUnavailable, UnknownDocument, RemoteEnvError]
+    types += [SandboxUnavailable, UnknownDocument, ServedEnvError]
     for cls in types:
         if cls is errors.ToolgymError:
             continue

@@ -7,18 +7,34 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "src" / "toolgym"
+#: the mounted folders (pyproject's package-dir)
 FOLDERS = {
-    "toolgym": ROOT / "src" / "toolgym",
+    "toolgym": CORE,
     **{f"toolgym.{d}": ROOT / d for d in ("envs", "tools", "agents", "training")},
 }
+#: the applications and adapters inside src/toolgym: sub-packages of their own, outside the core
+APPLICATIONS = ("cli", "records", "serving", "interop")
+LAYERS = ("envs", "tools", "agents", "training", *APPLICATIONS)
 
-# subpackage -> toolgym subpackages it may import (the core "toolgym" is always allowed)
+# layer -> the toolgym layers it may import (the core "toolgym" is always allowed, and imports none)
 ALLOWED = {
     "toolgym": set(),
+    "toolgym.records": set(),
     "toolgym.tools": {"toolgym.tools"},
     "toolgym.envs": {"toolgym.envs", "toolgym.tools"},
-    "toolgym.agents": {"toolgym.agents"},
-    "toolgym.training": {"toolgym.training", "toolgym.agents"},
+    "toolgym.agents": {"toolgym.agents", "toolgym.records"},
+    "toolgym.training": {"toolgym.training", "toolgym.agents", "toolgym.records"},
+    "toolgym.interop": {"toolgym.interop"},
+    "toolgym.serving": {"toolgym.serving", "toolgym.records", "toolgym.interop"},
+    "toolgym.cli": {f"toolgym.{name}" for name in LAYERS},  # the composition root
+}
+#: old import paths kept in the core: each module is only an alias of its new home (toolgym.lazy)
+ALIASES = {
+    "src/toolgym/manifest.py": "toolgym.records.manifest",
+    "src/toolgym/trackers.py": "toolgym.records.trackers",
+    "src/toolgym/audit.py": "toolgym.envs.audit",
+    "src/toolgym/remote.py": "toolgym.serving.client",
 }
 # heavy third-party module -> the only places (relative paths, prefixes) allowed to import it
 HEAVY = {
@@ -29,13 +45,24 @@ HEAVY = {
     "ray": ("training/ray_backend.py", "agents/ray_"),
     "peft": ("training/lora.py",),
 }
-COMPOSITION_ROOTS = {"src/toolgym/cli.py", "src/toolgym/cli_eval.py"}
+
+
+def _layer_of(path: Path) -> str:
+    """The layer a source file belongs to: its mounted folder, or an application sub-package of the core."""
+    for package, folder in FOLDERS.items():
+        if folder in path.parents:
+            if package == "toolgym":
+                first = path.relative_to(folder).parts[0]
+                if first in APPLICATIONS:
+                    return f"toolgym.{first}"
+            return package
+    raise AssertionError(path)
 
 
 def _python_files():
-    for package, folder in FOLDERS.items():
+    for folder in FOLDERS.values():
         for path in folder.rglob("*.py"):
-            yield package, path
+            yield _layer_of(path), path
 
 
 def _imports(path: Path):
@@ -52,7 +79,7 @@ def _subpackage(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "toolgym":
         return None
-    if len(parts) > 1 and parts[1] in ("envs", "tools", "agents", "training"):
+    if len(parts) > 1 and parts[1] in LAYERS:
         return f"toolgym.{parts[1]}"
     return "toolgym"
 
@@ -80,19 +107,41 @@ def test_no_bare_imports_of_mounted_folders():
 
 
 def test_dependency_direction():
+    """Each layer imports only what ALLOWED says; in particular the core imports no other layer."""
     problems = []
-    for package, path in _python_files():
+    for layer, path in _python_files():
         rel = str(path.relative_to(ROOT))
-        if rel in COMPOSITION_ROOTS:
+        if rel in ALIASES:
             continue
         for module in _imports(path):
             target = _subpackage(module)
-            if target is not None and target != "toolgym" and target not in ALLOWED[package]:
-                problems.append(f"{rel} imports {module} ({package} may not depend on {target})")
+            if target is not None and target != "toolgym" and target not in ALLOWED[layer]:
+                problems.append(f"{rel} imports {module} ({layer} may not depend on {target})")
             top = module.split(".")[0]
             if top in HEAVY and not rel.startswith(HEAVY[top]):
                 problems.append(f"{rel} imports {top}, allowed only in {', '.join(HEAVY[top])}")
     assert not problems, "\n".join(problems)
+
+
+def test_applications_are_imported_only_by_applications():
+    """The one-way rule of the core and the applications: no lower layer reaches up into them."""
+    apps = {f"toolgym.{name}" for name in ("cli", "serving", "interop")}
+    for layer, path in _python_files():
+        if layer in apps or str(path.relative_to(ROOT)) in ALIASES:
+            continue
+        for module in _imports(path):
+            assert _subpackage(module) not in apps, f"{path.relative_to(ROOT)} imports {module}"
+
+
+def test_old_import_paths_are_only_aliases():
+    """A kept old path holds nothing but its alias: one star import for type checkers, one alias call."""
+    for rel, target in ALIASES.items():
+        tree = ast.parse((ROOT / rel).read_text(encoding="utf-8"))
+        body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        imported = [n.module for n in body if isinstance(n, ast.ImportFrom)]
+        assert sorted(imported) == sorted(["__future__", "toolgym.lazy", target]), (rel, imported)
+        (call,) = [n for n in body if isinstance(n, ast.Expr)]
+        assert isinstance(call.value, ast.Call) and ast.literal_eval(call.value.args[1]) == target, rel
 
 
 def test_dependency_checker_catches_a_violation(tmp_path):
@@ -101,3 +150,5 @@ def test_dependency_checker_catches_a_violation(tmp_path):
     assert list(_imports(bad)) == ["toolgym.envs.search_qa", "torch"]
     assert _subpackage("toolgym.envs.search_qa") == "toolgym.envs"
     assert "toolgym.envs" not in ALLOWED["toolgym.agents"]
+    assert _layer_of(CORE / "serving" / "client.py") == "toolgym.serving"
+    assert _subpackage("toolgym.serving.client") not in ALLOWED["toolgym"]

@@ -6,7 +6,7 @@ import re
 import shlex
 from pathlib import Path
 
-from toolgym.cli import _parser
+from toolgym.cli.main import _parser
 
 ROOT = Path(__file__).resolve().parents[1]
 

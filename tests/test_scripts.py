@@ -69,7 +69,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/serve.py",
         "bench/train_rollouts.py",
         "bench/gpu_smoke.sh",
-        "src/toolgym/cli.py",
+        "src/toolgym/cli/__main__.py",
         "envs/code_exec/__main__.py",
         "tools/sandbox/image.py",
     }

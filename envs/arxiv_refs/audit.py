@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from toolgym.audit import Episode, Exploit
+from toolgym.envs.audit import Episode, Exploit
 
 __all__ = ["audit_exploits"]
 

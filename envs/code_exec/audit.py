@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
-from toolgym.audit import Episode, Exploit
+from toolgym.envs.audit import Episode, Exploit
 
 __all__ = ["audit_exploits"]
 

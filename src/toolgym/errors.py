@@ -41,11 +41,11 @@ Where each exception type is placed (each in exactly one of the four families ab
   policy or bad sampling parameters are :class:`ConfigError`; an in-process transformers policy has no
   infrastructure of its own, so its exceptions are bugs.
 * Ray environment actors: an actor that died mid-episode is an :class:`InfraError`.
-* Served environments (``toolgym.remote``): a server that cannot be reached, misses a request's
+* Served environments (``toolgym.serving.client``): a server that cannot be reached, misses a request's
   deadline, or answers outside the protocol (wrong types, a non-finite reward, an oversized reply)
   is an :class:`InfraError`; the environment's own errors arrive as themselves, a request the server
   refuses is a :class:`ConfigError`, and a bug of the served environment or its verifier (an
-  exception outside this tree, on the server) is ``RemoteEnvError``, a :class:`VerifierError`.
+  exception outside this tree, on the server) is ``ServedEnvError``, a :class:`VerifierError`.
 
 Messages say what went wrong, what was expected versus what was got, and how to fix it.
 """
@@ -177,7 +177,7 @@ class VerifierError(ToolgymError):
     """A verifier bug: it could not score an answer for a reason of its own. Never reward 0; raises.
 
     A served environment's bug (its environment or verifier raised outside this tree, on the server)
-    arrives as ``RemoteEnvError``, a subclass.
+    arrives as ``ServedEnvError``, a subclass.
 
     Not an :class:`InfraError`: retrying a bug cannot help, and scoring around it would hide it. A
     verification that failed because its infrastructure did is :class:`VerificationUnavailable`.

@@ -8,7 +8,7 @@ environment bumps its version.
 trainer all come here): an unknown id is a :class:`~toolgym.errors.ConfigError` with "did you mean",
 and the environment boundary's retry settings may ride along with the environment's own arguments.
 An ``http(s)://host:port`` id names an environment served by ``toolgym serve``
-(:class:`toolgym.remote.RemoteEnv`): every caller of :func:`make` accepts one.
+(:class:`toolgym.serving.client.ServedEnv`): every caller of :func:`make` accepts one.
 """
 
 from __future__ import annotations
@@ -18,9 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium
+from gymnasium.envs.registration import load_env_creator
 
 from toolgym.env import RetryPolicy
 from toolgym.errors import ConfigError, did_you_mean
+
+#: The client of ``toolgym serve`` that an ``http(s)://`` id builds (an entry point, as for environments:
+#: the core names the serving layer and never imports it).
+SERVED_ENTRY_POINT = "toolgym.serving.client:ServedEnv"
 
 
 def is_remote_id(env_id: str) -> bool:
@@ -31,9 +36,11 @@ def is_remote_id(env_id: str) -> bool:
 __all__ = [
     "ENVIRONMENTS",
     "RETRY_KWARGS",
+    "SERVED_ENTRY_POINT",
     "EnvEntry",
     "check_id",
     "env_attribute",
+    "env_creator",
     "env_ids",
     "is_remote_id",
     "make",
@@ -96,9 +103,8 @@ def make(env_id: str, **kwargs: Any) -> gymnasium.Env:
             is not a :class:`~toolgym.env.ToolEnv`.
     """
     if is_remote_id(env_id):  # a `toolgym serve` server
-        from toolgym.remote import RemoteEnv
-
-        return RemoteEnv(env_id, **kwargs)
+        served: gymnasium.Env = env_creator(env_id)(env_id, **kwargs)
+        return served
     check_id(env_id)
     retry = {key.removeprefix("infra_"): kwargs.pop(key) for key in RETRY_KWARGS if key in kwargs}
     env = gymnasium.make(env_id, **kwargs)
@@ -135,6 +141,19 @@ def check_id(env_id: str) -> None:
             f"unknown environment id {name!r}.{did_you_mean(name, [*env_ids(), *gymnasium.registry])} "
             f"toolgym registers: {', '.join(env_ids())} (see `toolgym envs`)"
         ) from None
+
+
+def env_creator(env_id: str) -> Any:
+    """What builds the environment ``env_id`` (its class, mostly), found without importing it statically.
+
+    A served environment (an ``http(s)://`` id) is built by :data:`SERVED_ENTRY_POINT`; any other id by
+    its gymnasium entry point. Raises :class:`ConfigError` for an unknown id (see :func:`check_id`).
+    """
+    check_id(env_id)
+    if is_remote_id(env_id):
+        return load_env_creator(SERVED_ENTRY_POINT)
+    entry_point = gymnasium.spec(env_id.rpartition(":")[2]).entry_point
+    return load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
 
 
 def env_attribute(env_id: str, attribute: str) -> Any:

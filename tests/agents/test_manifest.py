@@ -13,7 +13,7 @@ from toolgym.agents.evaluate import evaluate
 from toolgym.agents.specs import policy_factory
 from toolgym.cli import main
 from toolgym.errors import ConfigError
-from toolgym.manifest import MANIFEST, flatten, manifest_differences, read_run_manifest
+from toolgym.records.manifest import MANIFEST, flatten, manifest_differences, read_run_manifest
 
 SEARCH = "toolgym/SearchQA-v0"
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from toolgym.serve import EnvServer, create_app
-from toolgym.serve_guards import BODY_TIMEOUT_S, IDLE_TIMEOUT_S, uvicorn_options
+from toolgym.serving.guards import BODY_TIMEOUT_S, IDLE_TIMEOUT_S, uvicorn_options
+from toolgym.serving.server import EnvServer, create_app
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # golden.py and servers.py are imported by name

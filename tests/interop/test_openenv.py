@@ -54,7 +54,7 @@ def test_openenv_client_replays_the_golden_trace(env_id: str) -> None:
 
 def test_openenv_serving_stays_on_loopback() -> None:
     from toolgym.errors import ConfigError
-    from toolgym.serve import serve_command
+    from toolgym.serving.server import serve_command
 
     with pytest.raises(ConfigError, match="OpenEnv's protocol, whose clients send no credentials"):
         serve_command("toolgym/SearchQA-v0", {}, host="0.0.0.0", token="t", openenv=True)

@@ -1,4 +1,4 @@
-"""``RemoteEnv`` against a hostile or broken server: every bad reply is an ``InfraError``, never a hang.
+"""``ServedEnv`` against a hostile or broken server: every bad reply is an ``InfraError``, never a hang.
 
 The fake server here speaks just enough HTTP to answer ``/info`` correctly and then replies to the
 next request with whatever the attack needs: values of the wrong type, a non-finite reward, a huge
@@ -23,7 +23,7 @@ from toolgym.agents.harness import get_harness
 from toolgym.agents.policy import ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.errors import InfraError
-from toolgym.remote import RemoteEnv
+from toolgym.serving.client import ServedEnv
 
 INFO = {"env_id": "fake/Env-v0", "max_turns": 4, "task_ids": ["t0"], "description": "", "fingerprint": {}}
 OBS = [{"role": "user", "content": "hi"}]
@@ -109,9 +109,9 @@ def fake_server(replies: dict[bytes, Reply]) -> Iterator[str]:
 
 
 def stepped(reply: Reply, **env_args: object) -> None:
-    """Reset a RemoteEnv on a server whose step answers with ``reply``, then step it."""
+    """Reset a ServedEnv on a server whose step answers with ``reply``, then step it."""
     with fake_server({b"POST /sessions ": send_json(RESET), b"POST /sessions/": reply}) as url:
-        env = RemoteEnv(url, **env_args)  # type: ignore[arg-type]
+        env = ServedEnv(url, **env_args)  # type: ignore[arg-type]
         env.reset(seed=0)
         try:
             env.step("hello")
@@ -156,7 +156,7 @@ def test_attack_a_step_reply_that_breaks_the_protocol_is_an_infra_error(step: ob
 )
 def test_attack_a_reset_reply_that_breaks_the_protocol_is_an_infra_error(reset: object) -> None:
     with fake_server({b"POST /sessions ": send_json(reset)}) as url:
-        env = RemoteEnv(url)
+        env = ServedEnv(url)
         with pytest.raises(InfraError, match="protocol"):
             env.reset(seed=0)
         env.close()
@@ -174,7 +174,7 @@ def test_attack_a_reset_reply_that_breaks_the_protocol_is_an_infra_error(reset: 
 )
 def test_attack_an_info_reply_that_breaks_the_protocol_is_an_infra_error(info: object) -> None:
     with fake_server({b"GET /info": send_json(info)}) as url, pytest.raises(InfraError, match="protocol"):
-        RemoteEnv(url)
+        ServedEnv(url)
 
 
 @pytest.mark.parametrize(
@@ -244,7 +244,7 @@ def test_attack_a_server_that_never_answers_hits_the_deadline() -> None:
 async def test_a_bad_reply_ends_the_episode_as_infra_error_and_the_run_goes_on() -> None:
     bad = {**STEP, "reward": float("nan"), "terminated": True}  # before: an "ok" episode of reward NaN
     with fake_server({b"POST /sessions ": send_json(RESET), b"POST /sessions/": send_json(bad)}) as url:
-        env = RemoteEnv(url)
+        env = ServedEnv(url)
         trajectory = await run_episode(env, ScriptedPolicy(["hello"]), get_harness("bare"), seed=0)
         await env.aclose()
     assert trajectory.status == "infra_error" and "protocol" in trajectory.error

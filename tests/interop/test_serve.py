@@ -1,4 +1,4 @@
-"""``toolgym serve`` and ``RemoteEnv``: sessions, limits, auth, reaping and every failure's meaning."""
+"""``toolgym serve`` and ``ServedEnv``: sessions, limits, auth, reaping and every failure's meaning."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from toolgym.core import FunctionTool, Message, Score, Task, Tool
 from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError, InfraError, VerifierError
 from toolgym.registry import make
-from toolgym.remote import RemoteEnv
-from toolgym.serve import MAX_ACTION_CHARS, serve_command
+from toolgym.serving.client import ServedEnv
+from toolgym.serving.server import MAX_ACTION_CHARS, serve_command
 from toolgym.training.config import load_config
 from toolgym.training.trainer import Trainer
 
@@ -84,7 +84,7 @@ def test_bad_requests_get_clear_statuses(serve) -> None:
 
 def test_a_full_server_refuses_instead_of_slowing_down(serve) -> None:
     with serve(SEARCH, max_sessions=2) as (url, server):
-        envs = [RemoteEnv(url) for _ in range(3)]
+        envs = [ServedEnv(url) for _ in range(3)]
         for env in envs[:2]:
             env.reset(seed=0)
         with pytest.raises(InfraError, match="maximum of 2 sessions"):
@@ -105,8 +105,8 @@ def test_a_token_guards_every_route_but_health(serve, monkeypatch: pytest.Monkey
         assert httpx.get(f"{url}/info").status_code == 401
         assert httpx.get(f"{url}/info", headers={"Authorization": "Bearer wrong"}).status_code == 401
         with pytest.raises(ConfigError, match="TOOLGYM_SERVE_TOKEN"):
-            RemoteEnv(url)
-        RemoteEnv(url, token="s3cret").close()
+            ServedEnv(url)
+        ServedEnv(url, token="s3cret").close()
         monkeypatch.setenv("TOOLGYM_SERVE_TOKEN", "s3cret")
         env = make(url)
         env.reset(seed=0)
@@ -122,7 +122,7 @@ def test_binding_beyond_loopback_without_a_token_is_refused() -> None:
 
 def test_a_client_that_disappears_is_reaped(serve) -> None:
     with serve(SEARCH, session_timeout=0.3, reap_every=0.05) as (url, server):
-        env = RemoteEnv(url)
+        env = ServedEnv(url)
         env.reset(seed=0)
         assert len(server.sessions) == 1
         wait_until(lambda: not server.sessions)
@@ -141,7 +141,7 @@ async def test_a_server_that_dies_is_an_infra_error(serve) -> None:
     trajectory = await run_episode(env, ScriptedPolicy([ANSWER]), get_harness("bare"), seed=0, env_id=SEARCH)
     assert trajectory.status == "infra_error" and "unreachable" in trajectory.error
     with pytest.raises(InfraError):
-        RemoteEnv(url)
+        ServedEnv(url)
 
 
 class BuggyVerifier:
@@ -178,11 +178,11 @@ async def test_a_verifier_bug_crosses_the_wire_as_itself(serve) -> None:
 
 def test_remote_env_checks_its_address() -> None:
     with pytest.raises(ConfigError, match="http://"):
-        RemoteEnv("localhost:8765")
+        ServedEnv("localhost:8765")
     with pytest.raises(ConfigError, match="http://"):
-        RemoteEnv("ftp://example.org")
+        ServedEnv("ftp://example.org")
     with pytest.raises(InfraError, match="unreachable"):
-        RemoteEnv("http://127.0.0.1:9")  # nothing listens on the discard port
+        ServedEnv("http://127.0.0.1:9")  # nothing listens on the discard port
 
 
 @pytest.mark.docker

@@ -28,7 +28,7 @@ import pytest
 
 from toolgym.core import FunctionTool, Task, Tool
 from toolgym.env import ToolEnv
-from toolgym.serve import MAX_BODY_BYTES
+from toolgym.serving.server import MAX_BODY_BYTES
 
 SEARCH = "toolgym/SearchQA-v0"
 SLOW = "toolgym-test/Memory-v0"

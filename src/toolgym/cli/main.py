@@ -15,7 +15,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from toolgym.cli_eval import (
+from toolgym.cli.eval_commands import (
     cmd_audit_env,
     cmd_compare,
     cmd_eval,
@@ -301,7 +301,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from toolgym.serve import serve_command
+    from toolgym.serving.server import serve_command
 
     import_user_modules(args.imports)
     serve_command(
@@ -318,8 +318,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from toolgym.mcp_serve import mcp_command
     from toolgym.registry import check_id
+    from toolgym.serving.mcp import mcp_command
 
     import_user_modules(args.imports)
     check_id(args.env)
@@ -421,7 +421,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     backend = [f"train.backend={args.backend}"] if args.backend else []
     if args.logger is not None:
-        from toolgym.trackers import parse_trackers
+        from toolgym.records.trackers import parse_trackers
 
         backend.append(f"train.loggers={json.dumps(list(parse_trackers(args.logger)))}")
     run_dir = train_command(args.config, [*args.overrides, *backend], args.out)
@@ -460,9 +460,5 @@ def cmd_new_env(args: argparse.Namespace) -> int:
 
 def render_template(template: str, name: str, module: str) -> str:
     """The ``new-env`` skeleton with its placeholders filled (also what environments.md shows)."""
-    text = (resources.files("toolgym") / "templates" / template).read_text(encoding="utf-8")
+    text = (resources.files("toolgym.cli") / "templates" / template).read_text(encoding="utf-8")
     return text.replace("{{Name}}", name).replace("{{module}}", module)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

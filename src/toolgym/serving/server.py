@@ -1,10 +1,10 @@
 """``toolgym serve``: any registered environment as an HTTP service, one session per episode.
 
-Protocol (JSON over HTTP; :class:`toolgym.remote.RemoteEnv` is its client):
+Protocol (JSON over HTTP; :class:`toolgym.serving.client.ServedEnv` is its client):
 
 * ``GET /health`` -> ``{"status": "ok", "env_id", "sessions", "max_sessions"}`` (no auth);
 * ``GET /info`` -> ``{"env_id", "max_turns", "task_ids", "description", "fingerprint"}``: what a run
-  manifest records about the served environment (:func:`toolgym.manifest.env_fingerprint`);
+  manifest records about the served environment (:func:`toolgym.records.manifest.env_fingerprint`);
 * ``POST /sessions`` ``{"seed": int|null, "options": {...}}`` -> ``{"session", "observation", "info"}``:
   a new episode (``options`` as for ``reset``: ``task_id``, ``task_index``, ``tools``, ``unlocks``);
 * ``POST /sessions/{id}/step`` ``{"action": str}`` -> ``{"observation", "reward", "terminated",
@@ -33,7 +33,7 @@ Environments are reused across sessions and closed when the server stops.
 Security. Binding a non-loopback address without a bearer token is refused at start: an environment
 server runs code (CodeExec) and reads files on request. ``--token`` (or ``TOOLGYM_SERVE_TOKEN``) makes
 every request but ``/health`` carry ``Authorization: Bearer TOKEN``. Connection and body limits,
-content types and the ``Host``/``Origin`` checks are :mod:`toolgym.serve_guards`.
+content types and the ``Host``/``Origin`` checks are :mod:`toolgym.serving.guards`.
 
 Stopping. SIGTERM and SIGINT end the server as a normal exit does: sessions are closed, environments
 released and the process's exit handlers run (CodeExec's sandbox removes its containers); the exit
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from toolgym.errors import ConfigError, InfraError, MissingDependencyError, ToolgymError
-from toolgym.serve_guards import (
+from toolgym.serving.guards import (
     BODY_TIMEOUT_S,
     IDLE_TIMEOUT_S,
     MAX_ACTION_CHARS,
@@ -148,7 +148,7 @@ class EnvServer:
     def info(self) -> dict[str, Any]:
         """The served environment's id, turn budget, task ids and fingerprint (computed once)."""
         if self._info is None:
-            from toolgym.manifest import env_fingerprint
+            from toolgym.records.manifest import env_fingerprint
 
             probe = self._make()
             base = probe.unwrapped
@@ -288,7 +288,7 @@ def create_app(
     """The Starlette application serving ``server`` (routes in the module docstring).
 
     ``host`` is the address the server binds: on a loopback one, ``Host`` and ``Origin`` are checked
-    (:mod:`toolgym.serve_guards`).
+    (:mod:`toolgym.serving.guards`).
     """
     try:
         from starlette.applications import Starlette

@@ -192,7 +192,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _check_loggers(args: argparse.Namespace) -> tuple[str, ...]:
-    from toolgym.trackers import check_trackers, parse_trackers
+    from toolgym.records.trackers import check_trackers, parse_trackers
 
     loggers = parse_trackers(args.logger or "")
     if loggers and args.out is None:
@@ -203,7 +203,7 @@ def _check_loggers(args: argparse.Namespace) -> tuple[str, ...]:
 
 def track_eval(loggers: Sequence[str], out: Path, report: Any) -> None:
     """Send an evaluation's settings, per-track summary, paired differences and episodes to trackers."""
-    from toolgym.trackers import open_trackers, trajectory_rows
+    from toolgym.records.trackers import open_trackers, trajectory_rows
 
     config = {"eval": report.settings, "manifest": report.manifest}
     trackers = open_trackers(loggers, out, config=config, kind="eval")
@@ -328,7 +328,7 @@ def cmd_audit_env(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from toolgym.audit import audit_env
+    from toolgym.envs.audit import audit_env
 
     import_user_modules(args.imports)
     env_kwargs = parse_env_args(args.env_arg, args.env_id)

@@ -1,7 +1,7 @@
 """What a ``toolgym serve`` reply must hold, checked by its client before anything of it is used.
 
-:class:`toolgym.remote.RemoteEnv` trusts nothing the server sends: a reply that does not have the
-shape :mod:`toolgym.serve` documents is the server's fault, an :class:`~toolgym.errors.InfraError`
+:class:`toolgym.serving.client.ServedEnv` trusts nothing the server sends: a reply that does not have the
+shape :mod:`toolgym.serving.server` documents is the server's fault, an :class:`~toolgym.errors.InfraError`
 (the episode ends as ``infra_error``; the run goes on), never an observation, a reward or a crash of
 the caller. The rules, per route:
 

@@ -1,0 +1,9 @@
+"""``python -m toolgym.cli``: the ``toolgym`` command."""
+
+from __future__ import annotations
+
+import sys
+
+from toolgym.cli.main import main
+
+sys.exit(main())
