@@ -125,7 +125,7 @@ def resolve_model_dir(model: str | Path | None, *, cache_root: str | Path | None
 
     ``None`` is the embedded SmolLM2; a ``.gguf`` file is converted through the same cache; a directory
     must hold a ``config.json``; ``"run:DIR"`` / ``"run:DIR@STEP"`` is the newest (or that step's)
-    inference export of a training run (:func:`toolgym.agents.exports.resolve_run_export`), so a
+    inference export of a training run (:func:`toolgym.agents.run_exports.resolve_run_export`), so a
     trained policy can be loaded, served or trained further by name. Nothing is downloaded: this
     library runs offline.
     """

@@ -78,10 +78,10 @@ class PolicySpec:
         """The local weights this spec names (``None`` for the embedded SmolLM2 and model-free specs).
 
         A ``run`` spec resolves to its export here, which validates it (see
-        :func:`toolgym.agents.exports.resolve_run_export`). ``path`` specs are checked when loaded.
+        :func:`toolgym.agents.run_exports.resolve_run_export`). ``path`` specs are checked when loaded.
         """
         if self.source == "run":
-            from toolgym.agents.exports import resolve_run_export
+            from toolgym.agents.run_exports import resolve_run_export
 
             return resolve_run_export(self.path or "", self.step)
         if self.source == "path":
@@ -108,7 +108,7 @@ class PolicySpec:
         if directory is not None:
             info["model_dir"] = str(directory.resolve())
             if self.source == "run":
-                from toolgym.agents.exports import read_manifest
+                from toolgym.agents.run_exports import read_manifest
 
                 manifest = read_manifest(directory)
                 info["export"] = {

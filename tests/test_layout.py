@@ -35,6 +35,7 @@ ALIASES = {
     "src/toolgym/trackers.py": "toolgym.records.trackers",
     "src/toolgym/audit.py": "toolgym.envs.audit",
     "src/toolgym/remote.py": "toolgym.serving.client",
+    "agents/exports.py": "toolgym.agents.run_exports",
 }
 # heavy third-party module -> the only places (relative paths, prefixes) allowed to import it
 HEAVY = {

@@ -61,7 +61,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/eval.py",
         "bench/learner.py",
         "bench/memory.py",  # a helper of the two *_scale scripts: their smoke runs run it
-        "bench/rollout.py",
+        "bench/async_rollouts.py",
         "bench/sandbox.py",
         "bench/sandbox_load.py",
         "bench/search.py",
@@ -99,7 +99,7 @@ def test_gpu_smoke_script_parses():
 @pytest.mark.slow
 def test_bench_rollout():
     out = run(
-        "bench/rollout.py", "--episodes", "2", "--concurrency", "2", "--latency", "0.01", "--rounds", "1",
+        "bench/async_rollouts.py", "--episodes", "2", "--concurrency", "2", "--latency", "0.01", "--rounds", "1",
         "--hidden", "16",
     )  # fmt: skip
     assert "speed-up (sync / async):" in out

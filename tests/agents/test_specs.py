@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from toolgym.agents import specs
-from toolgym.agents.exports import CHAT_TEMPLATE, EXPORT_MANIFEST, resolve_run_export
+from toolgym.agents.run_exports import CHAT_TEMPLATE, EXPORT_MANIFEST, resolve_run_export
 from toolgym.agents.specs import PolicySpec, parse_policy_spec, policy_factory
 from toolgym.errors import ConfigError, MissingDependencyError
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/rollout.py [--episodes 24] [--concurrency 8] [--latency 0.1] [--rounds 2]
+    python bench/async_rollouts.py [--episodes 24] [--concurrency 8] [--latency 0.1] [--rounds 2]
 
 The environment (registered here as ``toolgym-bench/Latency-v0``) has a ``lookup`` tool that sleeps
 ``--latency`` seconds per call, like a sandbox or a remote search call (about 100 ms). The policy
