@@ -121,14 +121,11 @@ class EnvServer:
         max_sessions: int = 64,
         session_timeout: float = 600.0,
     ) -> None:
-        from toolgym.registry import check_id
-
         if max_sessions < 1:
             raise ConfigError(f"max_sessions must be >= 1, got {max_sessions}")
         if session_timeout <= 0:
             raise ConfigError(f"session_timeout must be > 0 seconds, got {session_timeout}")
-        check_id(env_id)
-        self.env_id = env_id
+        self.env_id = env_id  # checked where it is built (registry.make): info() or the first session
         self.env_kwargs = dict(env_kwargs or {})
         self.max_sessions = max_sessions
         self.session_timeout = session_timeout
@@ -445,9 +442,7 @@ def serve_command(
         raise MissingDependencyError("uvicorn", "serve", "toolgym serve") from exc
     if openenv:
         from toolgym.interop.openenv import OpenEnvAdapter, openenv_app
-        from toolgym.registry import check_id
 
-        check_id(env_id)
         OpenEnvAdapter(env_id, env_kwargs).close()  # a broken environment fails here, not on a client
         app = openenv_app(env_id, env_kwargs, max_sessions=max_sessions)
     else:
