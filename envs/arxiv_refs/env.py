@@ -156,7 +156,7 @@ class ArxivRefsEnv(ToolEnv):
         date_filter: hide records dated after the query paper.
         near_duplicate_threshold: n-gram overlap at which a record counts as a copy of the query.
         max_turns: assistant turns before truncation.
-        split: ``"train"``, ``"test"`` or ``"all"`` (default, the behaviour before splits existed);
+        split: ``"train"``, ``"test"`` or ``"all"`` (default: every task);
             by query paper, see :mod:`toolgym.envs.arxiv_refs.leakage`. The collection and index are the same
             in every split.
     """

@@ -6,7 +6,7 @@ bibliography entry of it was merged into) is banned; so are records whose text c
 the query paper (compared at the precision both dates know). :func:`banned_ids` computes these sets;
 the environment's tools filter them out of one shared index.
 
-Splits (``split="train" | "test" | "all"``, default ``"all"``, the behaviour before splits existed):
+Splits (``split="train" | "test" | "all"``, default ``"all"``, every task):
 by query paper. Query papers are grouped when they are one collection record (versions of a paper)
 or when one copies the other's text (the near-duplicate rule above), so a paper and its copy never
 straddle the line; a group goes to ``test`` by the hash rule of :mod:`toolgym.splits` (namespace

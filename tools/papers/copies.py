@@ -80,7 +80,7 @@ def near_duplicates(collection: Collection, *, threshold: float = 0.3, n: int = 
     pass per batch of records, and only records sharing at least one key with some source paper
     (``np.searchsorted`` in the sorted keys of all source papers) are scored. A record without a shared
     n-gram scores 0, so this drops no pair above the threshold. The candidates are then scored
-    exactly as before (n-gram sets, an inverted index n-gram -> source papers), so the result equals
+    exactly (n-gram sets, an inverted index n-gram -> source papers), so the result equals
     the all-pairs comparison. MinHash/LSH was not chosen: it estimates the overlap and may miss a
     copy (or a copied section, whose Jaccard similarity to a whole paper is small), which would
     weaken the anti-leak rule; an exact prefilter keeps it unchanged at linear cost.

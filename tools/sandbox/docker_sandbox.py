@@ -14,7 +14,7 @@ checks within :data:`~toolgym.tools.sandbox.resident.CLEANUP_BOUND_S`, paid by t
 them); a timeout, output flood, failed or slow clean-up, or anything still held retires it (as do
 half its lifetime and ``MAX_RUNS`` calls), counted in :attr:`DockerSandbox.retirements`. Up to
 ``pool_size`` such containers are kept idle besides the warm pool; with ``pool_size=0`` each run
-starts a container and a runner and throws both away. ``one_shot="exec"`` is the earlier path: one
+starts a container and a runner and throws both away. ``one_shot="exec"`` runs one
 exec per call in a never-used container, thrown away after. Harness runs and sessions always get a
 never-used container.
 

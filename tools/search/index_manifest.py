@@ -11,7 +11,7 @@ skips the hash. Any write to a file changes its ctime, which no program can set 
 changed since it was verified is always hashed again. Timestamps are coarse (a few milliseconds), so a
 file modified within ``RACY_SECONDS`` of being verified is not stamped (it is hashed again next time,
 as git treats "racily clean" entries). Without a writable directory there are no stamps and every
-open hashes every file, as before. What the stamps do not cover: bits that rot on the disk without
+open hashes every file. What the stamps do not cover: bits that rot on the disk without
 any write (no ctime change); ``read_manifest(path, verify="full")`` hashes everything regardless.
 """
 
