@@ -121,3 +121,19 @@ def test_resuming_over_a_changed_environment_is_refused(two_runs) -> None:
     with pytest.raises(ConfigError, match="another environment state: env.data_sha256.*--restart"):
         check_resumable(two_runs[0], changed, resuming=True)
     check_resumable(two_runs[0], changed, resuming=False)  # nothing to mix with
+
+
+def test_an_environment_class_is_named_by_the_package_that_exports_it() -> None:
+    from toolgym.envs.code_exec import CodeExecEnv
+    from toolgym.envs.search_qa import SearchQAEnv
+    from toolgym.records.manifest import public_name
+
+    assert SearchQAEnv.__module__ == "toolgym.envs.search_qa.env"
+    assert public_name(SearchQAEnv) == "toolgym.envs.search_qa.SearchQAEnv"
+    assert public_name(CodeExecEnv) == "toolgym.envs.code_exec.CodeExecEnv"
+    assert public_name(ConfigError) == "toolgym.ConfigError"
+    # A class its parent package does not export keeps its module's name.
+    from toolgym.records.trackers import Trackers
+
+    assert public_name(Trackers) == "toolgym.records.trackers.Trackers"
+    assert public_name(Path) == "pathlib.Path"

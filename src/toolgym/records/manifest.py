@@ -37,6 +37,7 @@ __all__ = [
     "flatten",
     "machine_facts",
     "manifest_differences",
+    "public_name",
     "read_run_manifest",
     "run_manifest",
     "weights_sha256",
@@ -127,6 +128,18 @@ def weights_sha256(model_dir: str | Path) -> str | None:
     return _weights_sha256(str(directory.resolve()), stamp)
 
 
+def public_name(cls: type) -> str:
+    """A class's name by the package that exports it: ``toolgym.envs.search_qa.SearchQAEnv``, not the
+    module inside the package that defines it, so manifests do not change when a package's files do."""
+    import sys
+
+    module = cls.__module__
+    parent = module.rpartition(".")[0]
+    if parent and getattr(sys.modules.get(parent), cls.__qualname__, None) is cls:
+        module = parent
+    return f"{module}.{cls.__qualname__}"
+
+
 def env_fingerprint(env: Any, env_id: str, env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """What decides an environment's tasks and scoring: data, prompts, tools and its own provenance.
 
@@ -138,7 +151,7 @@ def env_fingerprint(env: Any, env_id: str, env_kwargs: Mapping[str, Any]) -> dic
     fingerprint: dict[str, Any] = {
         "id": env_id,
         "kwargs": json.loads(json.dumps(dict(env_kwargs), default=str)),
-        "class": f"{type(base).__module__}.{type(base).__qualname__}",
+        "class": public_name(type(base)),
         "split": getattr(base, "split", None),
         "max_turns": getattr(base, "max_turns", None),
         "n_tasks": len(tasks),
