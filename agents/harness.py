@@ -24,6 +24,7 @@ class BareHarness:
     """The environment's messages, unchanged."""
 
     name = "bare"
+    compaction = None  # not a compacting track (toolgym.agents.compaction)
 
     def start(self, messages: Sequence[Message], *, max_turns: int) -> list[Message]:
         return copy.deepcopy(list(messages))
@@ -44,6 +45,7 @@ class ScaffoldHarness:
 
     max_tool_chars: int = 1_500
     name: str = "scaffold"
+    compaction = None  # not a compacting track (unannotated: not a dataclass field)
 
     PLAN = (
         "Work in steps. First decide which information you need, then call one tool per turn to get it. "

@@ -18,6 +18,8 @@ class ChatPolicy:
     name = "chat"
     #: The completion's ids are the sampled ids and its logprobs the sampler's (see TrainablePolicy).
     token_exact: bool = True
+    #: Weight updates seen; a policy whose weights change sets it (see TrainablePolicy).
+    policy_version: int = 0
 
     def __init__(self, tokenizer: TextTokenizer, template: ChatMLTemplate | None = None) -> None:
         self.tokenizer = tokenizer

@@ -156,6 +156,11 @@ class RemoteEnv(gymnasium.Env[list[Message], str]):
     def slot(self) -> int:
         return self._slot
 
+    @property
+    def episode_metrics(self) -> dict[str, float]:
+        """None on this side: the episode's metrics live in the actor's environment (and steps' info)."""
+        return {}
+
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:

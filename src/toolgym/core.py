@@ -246,10 +246,12 @@ class Policy(Protocol):
     ``render`` tokenises messages once: ``continuation=False`` renders the start of a conversation,
     ``continuation=True`` renders messages that follow an assistant turn (``close_turn=True`` first
     ends an assistant turn that stopped on the length limit). Both end with the assistant generation
-    prompt. The rollout never re-tokenises earlier turns.
+    prompt. The rollout never re-tokenises earlier turns. ``policy_version`` counts the weight updates
+    it has seen (0 for weights that never change); an episode that sampled nothing records it.
     """
 
     name: str
+    policy_version: int
 
     def render(
         self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False
@@ -309,8 +311,10 @@ class AsyncToolEnv(Protocol):
     ``areset``/``astep`` have the meaning of gymnasium's ``reset``/``step`` (observation: the new chat
     messages; action: the assistant's raw text; reward 0 until the terminal step) but run on the
     caller's event loop, so many episodes share one thread. ``max_turns`` bounds the assistant turns of
-    an episode; ``aclose`` releases the episode's resources (idempotent). ``toolgym.env.ToolEnv`` and
-    the Ray backend's remote environments satisfy it.
+    an episode; ``aclose`` releases the episode's resources (idempotent). ``episode_metrics`` are the
+    current episode's metrics so far (the rollout reads them when it ends an episode itself; empty for
+    an environment that keeps none). ``toolgym.env.ToolEnv`` and the Ray backend's remote environments
+    satisfy it.
 
     NOTE (wrappers): gymnasium wrappers wrap only the sync ``reset``/``step``. The rollout loop uses
     this async path only on a bare environment; a user's wrapper makes it drive the wrapper's
@@ -319,6 +323,9 @@ class AsyncToolEnv(Protocol):
 
     @property
     def max_turns(self) -> int: ...
+
+    @property
+    def episode_metrics(self) -> Mapping[str, float]: ...
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -346,10 +353,13 @@ class Harness(Protocol):
 
     ``start`` rewrites the reset observation (e.g. adds a planning instruction); ``after_step``
     rewrites a step's observation (e.g. adds tool-error hints and the remaining step budget). Harness
-    text is context, never trained on (mask 0).
+    text is context, never trained on (mask 0). ``compaction`` is a compacting track's
+    ``toolgym.agents.compaction.CompactionConfig`` and ``None`` on any other (typed ``Any``: the core
+    imports no layer above it).
     """
 
     name: str
+    compaction: Any
 
     def start(self, messages: Sequence[Message], *, max_turns: int) -> list[Message]: ...
 

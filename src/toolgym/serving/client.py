@@ -102,6 +102,11 @@ class ServedEnv(gymnasium.Env[list[Message], str]):
     def max_turns(self) -> int:
         return int(self._info["max_turns"])
 
+    @property
+    def episode_metrics(self) -> dict[str, float]:
+        """None on this side: the served episode's metrics come in the steps' ``info``."""
+        return {}
+
     def task_ids(self) -> list[str]:
         return list(self._info["task_ids"])
 
