@@ -374,7 +374,8 @@ def sampled_ids_hash(token_ids: Sequence[int], loss_mask: Sequence[int]) -> str:
 
 @dataclass(frozen=True)
 class Segment:
-    """One later context window of a compacted episode (:attr:`Trajectory.segments`).
+    """One token sequence (context window) of an episode; a compacted episode's later ones are
+    :attr:`Trajectory.segments` (every one: :attr:`Trajectory.all_segments`).
 
     When an episode's context nears its token budget, a compacting harness opens a new token sequence:
     the episode's start, a note, and the kept turns, where each kept assistant turn is copied as the
@@ -401,6 +402,15 @@ class Segment:
     dropped_turns: int = 0
     summary: str = ""
 
+    def sequence(self) -> dict[str, Any]:
+        """The sequence's fields as :class:`Trajectory` holds them (ids, mask, logprobs, receipt)."""
+        return {
+            "token_ids": self.token_ids,
+            "loss_mask": self.loss_mask,
+            "logprobs": self.logprobs,
+            "token_hash": self.token_hash,
+        }
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Segment:
         data = dict(data)
@@ -426,7 +436,9 @@ class Trajectory:
 
     NOTE (segments): ``token_ids``, ``loss_mask``, ``logprobs`` and ``token_hash`` are the episode's
     first (for most episodes, only) token sequence; a compacted episode's later sequences are in
-    ``segments``, in order. :meth:`segment_views` gives every sequence as a trajectory of its own.
+    ``segments``, in order. That is the record's (JSONL) form; :attr:`all_segments` gives every sequence
+    alike, :meth:`from_segments` builds a trajectory from them, and :meth:`segment_views` gives every
+    sequence as a trajectory of its own.
     """
 
     env_id: str
@@ -448,6 +460,18 @@ class Trajectory:
     stop_reason: str = ""
     segments: tuple[Segment, ...] = ()
 
+    @classmethod
+    def from_segments(cls, segments: Sequence[Segment], **episode: Any) -> Trajectory:
+        """The trajectory of an episode whose token sequences are ``segments`` (at least one), in order."""
+        first, *later = segments
+        return cls(**first.sequence(), segments=tuple(later), **episode)
+
+    @property
+    def all_segments(self) -> tuple[Segment, ...]:
+        """Every token sequence of the episode as a :class:`Segment`, the first one included (turn 1)."""
+        first = Segment(self.token_ids, self.loss_mask, self.logprobs, self.token_hash, start_turn=1)
+        return (first, *self.segments)
+
     def segment_views(self) -> list[Trajectory]:
         """Each token sequence of the episode as a trajectory (the episode itself when not compacted).
 
@@ -456,17 +480,8 @@ class Trajectory:
         """
         if not self.segments:
             return [self]
-        first = replace(self, segments=())
-        return [first] + [
-            replace(
-                first,
-                token_ids=s.token_ids,
-                loss_mask=s.loss_mask,
-                logprobs=s.logprobs,
-                token_hash=s.token_hash,
-            )
-            for s in self.segments
-        ]
+        episode = replace(self, segments=())
+        return [replace(episode, **s.sequence()) for s in self.all_segments]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
