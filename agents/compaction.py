@@ -28,13 +28,22 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
-from toolgym.core import Harness, Message, Policy
+from toolgym.core import Completion, Harness, Message, Policy, SamplingParams
 from toolgym.errors import ConfigError
 from toolgym.unlocks import is_announcement
 
-__all__ = ["CompactingHarness", "CompactionConfig", "ContextPlan", "TurnRecord", "plan_context"]
+__all__ = [
+    "CompactingHarness",
+    "Compaction",
+    "CompactionConfig",
+    "Compactor",
+    "ContextPlan",
+    "TokenTape",
+    "TurnRecord",
+    "plan_context",
+]
 
 #: Roles whose content a compaction rule may replace by a note. Assistant turns were sampled (their ids
 #: are kept exactly); system messages hold the tools and the task's rules.
@@ -94,7 +103,8 @@ class CompactionConfig:
 
 
 class CompactingHarness:
-    """A track with compaction: ``start``/``after_step`` are the base track's; the rollout compacts."""
+    """A track with compaction: ``start``/``after_step`` are the base track's; a :class:`Compactor`
+    built from ``compaction`` compacts, driven by the rollout."""
 
     def __init__(self, base: Harness, config: CompactionConfig | None = None) -> None:
         self.base = base
@@ -111,7 +121,7 @@ class CompactingHarness:
 
 @dataclass
 class TurnRecord:
-    """One turn of the current segment as the rollout saw it: the sampled ids and what followed them."""
+    """One turn as the rollout saw it: the sampled ids and what followed them (shown to the policy)."""
 
     turn: int
     sampled: list[int]
@@ -196,3 +206,129 @@ def plan_context(
             best = plan
     assert best is not None
     return best
+
+
+class TokenTape(Protocol):
+    """What a compaction needs of the rollout's token sequences (:mod:`toolgym.agents.rollout`).
+
+    ``left`` is the open segment's budget left, in tokens; ``append``, ``trim`` (drop the context after
+    the last sampled token) and ``sample`` (the policy samples at most ``budget`` tokens, appended with
+    mask 1) act on the open segment; ``open`` closes it and opens the next with a plan's opening.
+    """
+
+    @property
+    def left(self) -> int: ...
+
+    def append(self, ids: Sequence[int], mask: int) -> None: ...
+
+    def trim(self) -> None: ...
+
+    async def sample(self, budget: int) -> Completion: ...
+
+    def open(self, plan: ContextPlan, *, start_turn: int, summary: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What one compaction did: why the episode stops ("" when it goes on) and the metrics it set."""
+
+    stop_reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Compactor:
+    """One episode's compaction, all the rollout knows of it: when a segment is full, and what follows.
+
+    The rollout tells it the episode's opening (:meth:`begin`), every environment step (:meth:`stepped`)
+    and every turn whose observation the policy was shown (:meth:`shown`). Before each turn it asks
+    :meth:`due` with the tokens left; when due, :meth:`compact` closes the open segment on the rollout's
+    :class:`TokenTape` (having the policy summarise first, in ``summary`` mode) and opens the next one.
+    Without a configuration (a track that does not compact) it is never due.
+    """
+
+    def __init__(
+        self, config: CompactionConfig | None, policy: Policy, sampling: SamplingParams, max_total_tokens: int
+    ) -> None:
+        self.config, self.policy = config, policy
+        self.sampling, self.max_total_tokens = sampling, max_total_tokens
+        self.count = 0  # compactions so far
+        self.start: list[Message] = []
+        self.turns: list[TurnRecord] = []  # every turn shown so far
+        self._steps_since = 0  # environment steps since the last compaction
+        self._largest = 0  # the longest observation so far, in tokens
+        self._fallbacks = 0  # summarising compactions that dropped instead (no room for a summary)
+        # the summary request of a summarising compaction, rendered once per episode
+        summarises = config is not None and config.mode == "summary"
+        request = [{"role": "user", "content": SUMMARY_REQUEST}]
+        self.request = policy.render(request, continuation=True) if summarises else []
+
+    def begin(self, start: Sequence[Message]) -> None:
+        """The episode's opening messages (every segment starts again with them)."""
+        self.start = list(start)
+
+    def stepped(self) -> None:
+        """The environment took a step."""
+        self._steps_since += 1
+
+    def shown(self, record: TurnRecord, shown_tokens: int) -> None:
+        """A turn whose observation (``shown_tokens`` long) was shown to the policy."""
+        self.turns.append(record)
+        self._largest = max(self._largest, shown_tokens)
+
+    def due(self, left: int) -> bool:
+        """Whether the open segment, with ``left`` tokens left, must be compacted before the next turn.
+
+        ``drop``: when the turn no longer fits (its observation moves to the next segment).
+        ``summary``: when the turn, an observation as long as the longest so far, the request and the
+        summary no longer fit.
+        """
+        if self.config is None or not self.turns:
+            return False
+        reserve = self.sampling.max_tokens
+        if self.config.mode == "summary":
+            reserve = 2 * self.sampling.max_tokens + len(self.request) + self._largest
+        return left < reserve
+
+    async def compact(self, tape: TokenTape, turn: int) -> Compaction:
+        """Close the open segment and open the next one, whose first turn is ``turn``.
+
+        Compacting again before the environment took a step is a loop, and past ``max_compactions``
+        a limit: the episode stops. A summary that does not fit falls back to dropping results; one
+        cut at its token limit ends the episode (``turn_truncated``), as any cut turn does.
+        """
+        config = self.config
+        assert config is not None, "due() is never true without a configuration"
+        if self._steps_since == 0 or self.count >= config.max_compactions:
+            return Compaction("compaction_loop" if self._steps_since == 0 else "compaction_limit")
+        metrics: dict[str, float] = {}
+        summary = None
+        if config.mode == "summary" and tape.left - len(self.request) < self.sampling.max_tokens:
+            self._fallbacks += 1  # no room left for a summary: this compaction drops instead
+            metrics["episode/summary_fallbacks"] = float(self._fallbacks)
+        elif config.mode == "summary":
+            tape.append(self.request, 0)
+            completion = await tape.sample(tape.left)
+            if completion.finish_reason == "length":
+                return Compaction("turn_truncated", {"env/turn_truncated": 1.0})
+            summary = TurnRecord(turn, list(completion.token_ids), completion.text)
+        plan = plan_context(
+            self.policy,
+            self.start,
+            self.turns,
+            config,
+            limit=int(config.target * self.max_total_tokens),
+            summary=summary,
+        )
+        if summary is None:
+            tape.trim()  # the last observation moves to the next segment: this one never showed it
+        self.count, self._steps_since = self.count + 1, 0
+        tape.open(plan, start_turn=turn, summary=summary.text if summary else "")
+        if tape.left < self.sampling.max_tokens:  # the compacted context leaves no room for a turn
+            return Compaction("compaction_loop", metrics)
+        return Compaction("", metrics)
+
+    def episode_metrics(self, segments: int) -> dict[str, float]:
+        """The episode's compaction counters (none for a track that does not compact)."""
+        if self.config is None:
+            return {}
+        return {"episode/segments": float(segments), "episode/compactions": float(self.count)}

@@ -1,5 +1,16 @@
 """The rollout loop: the only code that runs a policy against an environment.
 
+An episode (:func:`run_episode`):
+
+1. reset the environment; the harness rewrites the opening, which starts the first token segment;
+2. before each turn, a compacting track whose segment is nearly full goes on in a new segment
+   (:class:`~toolgym.agents.compaction.Compactor`);
+3. the policy samples a turn, appended as sampled (mask 1, with its behaviour logprobs);
+4. the environment steps on the turn's text; the harness rewrites the observation, which is rendered
+   once and appended (mask 0);
+5. until the answer, the turn limit, the token budget, a cut turn or an infrastructure failure; the
+   conversation and the segments are the :class:`~toolgym.core.Trajectory`.
+
 Failures (the rule is in :mod:`toolgym.errors`): an :class:`~toolgym.errors.InfraError` raised by the
 environment (after its own bounded retries) or by the policy (:class:`~toolgym.errors.PolicyError`:
 its server or engine is gone) ends the episode as an ``infra_error`` trajectory: reward 0, never
@@ -16,11 +27,9 @@ at the cost of one thread hop per call (the first such episode logs a warning sa
 stack must keep the contract: observations stay lists of chat messages and ``info`` keeps ``task_id``
 and ``allowed_tools``.
 
-NOTE (token fidelity): the loop keeps one growing token sequence per episode. The policy's sampled ids
-are appended exactly as sampled (mask 1, with their behaviour logprobs); environment and harness text
-is rendered and tokenised once, when it arrives, and appended with mask 0. Nothing is re-tokenised.
-A compacting track (:mod:`toolgym.agents.compaction`) goes on in a new sequence (a segment) when the
-current one nears the budget; kept turns are copied into it as their sampled ids.
+NOTE (token fidelity): nothing is re-tokenised. Each segment is one growing token sequence; sampled
+ids go in exactly as sampled, environment and harness text is rendered and tokenised once, when it
+arrives. A compaction's new segment copies the kept turns as their sampled ids (mask 0 there).
 
 NOTE (cut turns): a turn that ends at its token limit (``finish_reason == "length"``) is played as
 sampled, and then nothing more is sampled: the episode stops with ``stop_reason = "turn_truncated"``
@@ -33,15 +42,15 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 
-from toolgym.agents.compaction import SUMMARY_REQUEST, CompactionConfig, TurnRecord, plan_context
+from toolgym.agents.compaction import Compactor, ContextPlan, TurnRecord
 from toolgym.core import (
     AsyncToolEnv,
     Completion,
@@ -95,6 +104,7 @@ class _Driver:
             )
         self.base: AsyncToolEnv = base
         self.env = env
+        self.seconds = 0.0  # spent in reset/step
         self.wrappers = user_wrappers(env)
         if self.wrappers and not _warned_sync_path:
             _warned_sync_path = True
@@ -107,16 +117,28 @@ class _Driver:
     async def reset(
         self, seed: int | None, options: dict[str, Any] | None
     ) -> tuple[list[Message], dict[str, Any]]:
-        if not self.wrappers:
-            return await self.base.areset(seed=seed, options=options)
-        obs, info = await asyncio.to_thread(self.env.reset, seed=seed, options=options)
-        return obs, info
+        t0 = time.perf_counter()
+        try:
+            if not self.wrappers:
+                return await self.base.areset(seed=seed, options=options)
+            obs, info = await asyncio.to_thread(self.env.reset, seed=seed, options=options)
+            return obs, info
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     async def step(self, action: str) -> StepResult:
-        if not self.wrappers:
-            return await self.base.astep(action)
-        obs, reward, terminated, truncated, info = await asyncio.to_thread(self.env.step, action)
-        return obs, float(reward), bool(terminated), bool(truncated), info
+        t0 = time.perf_counter()
+        try:
+            if not self.wrappers:
+                return await self.base.astep(action)
+            obs, reward, terminated, truncated, info = await asyncio.to_thread(self.env.step, action)
+            return obs, float(reward), bool(terminated), bool(truncated), info
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def episode_metrics(self) -> dict[str, float]:
+        """The counters of an episode the rollout ended before the environment did."""
+        return {str(k): float(v) for k, v in self.base.episode_metrics.items()}
 
 
 async def run_episode(
@@ -149,110 +171,38 @@ async def run_episode(
     driver = _Driver(env)
     sampling = sampling or SamplingParams()
     env_id = env_id or (env.spec.id if env.spec is not None else type(driver.base).__name__)
-    compaction: CompactionConfig | None = getattr(harness, "compaction", None)
     t_start = time.perf_counter()
-    t_generate = t_env = 0.0
-    seq = _Sequence()  # the current segment's tokens
-    first: _Closed = ([], [], [])  # the first segment, once closed
-    done: list[Segment] = []  # later segments, closed
-    segment_turn = 1  # the first turn of the current segment
+    tape = _Tape(policy, sampling, max_total_tokens)
+    compactor = Compactor(harness.compaction, policy, sampling, max_total_tokens)
     history: list[Message] = []
-    start: list[Message] = []
-    turns: list[TurnRecord] = []  # every turn so far, for a compaction
-    reward, error, stop_reason = 0.0, "", "max_turns"
     metrics: dict[str, float] = {}
+    task_id, allowed = "", ()
+    reward, error, stop_reason = 0.0, "", "max_turns"
     status: Literal["ok", "truncated", "infra_error"] = "truncated"
-    versions: list[int] = []
-    task_id: str = ""
-    allowed: tuple[str, ...] = ()
-    compactions, steps_since, largest = 0, 0, 0  # largest: the longest observation so far, in tokens
-    context: list[Message] = []
-    dropped = (0, 0)
-    summary_text = ""
-    # the summary request of a summarising compaction, rendered once per episode
-    summarises = compaction is not None and compaction.mode == "summary"
-    request = (
-        policy.render([{"role": "user", "content": SUMMARY_REQUEST}], continuation=True) if summarises else []
-    )
-
-    async def sample(budget: int) -> Completion:
-        nonlocal t_generate
-        t0 = time.perf_counter()
-        completion = await policy.generate(
-            seq.ids, replace(sampling, max_tokens=min(sampling.max_tokens, budget))
-        )
-        t_generate += time.perf_counter() - t0
-        versions.append(completion.policy_version)
-        seq.append(completion.token_ids, 1, completion.logprobs)
-        return completion
-
     try:
-        t0 = time.perf_counter()
         obs, info = await driver.reset(seed, options)
-        t_env += time.perf_counter() - t0
         task_id, allowed = info["task_id"], tuple(info["allowed_tools"])
         max_turns = driver.base.max_turns
         start = harness.start(obs, max_turns=max_turns)
         history.extend(start)
-        seq.append(policy.render(start), 0)
+        compactor.begin(start)
+        tape.append(policy.render(start), 0)
         for turn in range(1, max_turns + 1):
-            budget = max_total_tokens - len(seq.ids)
-            if (
-                compaction is not None
-                and turns
-                and budget < _reserve(compaction, sampling, len(request), largest)
-            ):
-                # Compact: close this segment, open the next one (see toolgym.agents.compaction).
-                if steps_since == 0 or compactions >= compaction.max_compactions:
-                    stop_reason = "compaction_loop" if steps_since == 0 else "compaction_limit"
+            if compactor.due(tape.left):
+                compaction = await compactor.compact(tape, turn)
+                metrics.update(compaction.metrics)
+                if compaction.stop_reason:
+                    stop_reason = compaction.stop_reason
                     break
-                summary = None
-                if compaction.mode == "summary" and budget - len(request) < sampling.max_tokens:
-                    # no room left for a summary: this compaction drops instead
-                    metrics["episode/summary_fallbacks"] = metrics.get("episode/summary_fallbacks", 0.0) + 1
-                elif compaction.mode == "summary":
-                    seq.append(request, 0)
-                    completion = await sample(max_total_tokens - len(seq.ids))
-                    if completion.finish_reason == "length":
-                        stop_reason, metrics["env/turn_truncated"] = "turn_truncated", 1.0
-                        break
-                    summary = TurnRecord(turn, list(completion.token_ids), completion.text)
-                plan = plan_context(
-                    policy,
-                    start,
-                    turns,
-                    compaction,
-                    limit=int(compaction.target * max_total_tokens),
-                    summary=summary,
-                )
-                if summary is None:
-                    seq.trim()  # the last observation moves to the next segment: this one never showed it
-                if compactions:
-                    done.append(_segment(seq.close(), segment_turn, context, dropped, summary_text))
-                else:
-                    first = seq.close()
-                compactions, steps_since = compactions + 1, 0
-                seq = _Sequence()
-                seq.append(plan.ids, 0)
-                segment_turn, context = turn, plan.context
-                dropped, summary_text = (
-                    (plan.dropped_results, plan.dropped_turns),
-                    summary.text if summary else "",
-                )
-                budget = max_total_tokens - len(seq.ids)
-                if budget < sampling.max_tokens:
-                    stop_reason = "compaction_loop"  # the compacted context leaves no room for a turn
-                    break
+            budget = tape.left
             if budget <= 0:
                 metrics["env/token_budget_exhausted"] = 1.0
                 stop_reason = "token_budget"
                 break
-            completion = await sample(budget)
+            completion = await tape.sample(budget)
             history.append({"role": "assistant", "content": completion.text})
-            t0 = time.perf_counter()
             obs, reward, terminated, truncated, info = await driver.step(completion.text)
-            t_env += time.perf_counter() - t0
-            steps_since += 1
+            compactor.stepped()
             metrics.update(info.get("metrics", {}))
             cut = completion.finish_reason == "length"
             if cut:  # played as sampled (a cut call does not run); then nothing more is sampled
@@ -268,60 +218,59 @@ async def run_episode(
                 stop_reason = "token_budget" if by_budget else "turn_truncated"
                 break
             shown = policy.render(new_messages, continuation=True)
-            seq.append(shown, 0)
-            largest = max(largest, len(shown))
-            turns.append(TurnRecord(turn, list(completion.token_ids), completion.text, new_messages))
+            tape.append(shown, 0)
+            compactor.shown(
+                TurnRecord(turn, list(completion.token_ids), completion.text, new_messages), len(shown)
+            )
     except InfraError as exc:
         status, error, reward, stop_reason = "infra_error", f"{type(exc).__name__}: {exc}", 0.0, "infra_error"
-        metrics.update(getattr(exc, "episode_metrics", None) or {})
+        metrics.update(exc.episode_metrics)
         metrics["env/infra_error"] = 1.0
         log.warning("episode %s of %s ended as infra_error: %s", task_id or "?", env_id, error)
-    if compactions:
-        done.append(_segment(seq.close(), segment_turn, context, dropped, summary_text))
-    else:
-        first = seq.close()
+    segments = tape.close()
     if stop_reason not in ("answer", "max_turns", "infra_error"):  # the rollout ended it, not the env
-        metrics = {**_env_metrics(driver.base), **metrics}
+        metrics = {**driver.episode_metrics(), **metrics}
     if stop_reason.startswith("compaction"):
         metrics[f"env/{stop_reason}"] = 1.0
-    sampled = sum(first[1]) + sum(sum(d.loss_mask) for d in done)
-    total = len(first[0]) + sum(len(d.token_ids) for d in done)
+    sampled, total = sum(sum(s.loss_mask) for s in segments), sum(len(s.token_ids) for s in segments)
     metrics.update({"tokens/sampled": float(sampled), "tokens/total": float(total)})
-    if compaction is not None:
-        metrics.update({"episode/segments": float(1 + len(done)), "episode/compactions": float(compactions)})
-    return Trajectory(
+    metrics.update(compactor.episode_metrics(len(segments)))
+    return Trajectory.from_segments(
+        segments,
         env_id=env_id,
         task_id=task_id,
         seed=seed,
         harness=harness.name,
         allowed_tools=allowed,
         messages=tuple(history),
-        token_ids=tuple(first[0]),
-        loss_mask=tuple(first[1]),
-        logprobs=tuple(first[2]),
         reward=float(reward) if status == "ok" else 0.0,
         metrics=metrics,
         status=status,
         # nothing sampled (a failure before the first turn): the weights it would have sampled with
-        policy_version=min(versions) if versions else int(getattr(policy, "policy_version", 0)),
-        timings={"time/generate": t_generate, "time/env": t_env, "time/total": time.perf_counter() - t_start},
-        token_hash=sampled_ids_hash(first[0], first[1]),
+        policy_version=min(tape.versions) if tape.versions else int(policy.policy_version),
+        timings={
+            "time/generate": tape.seconds,
+            "time/env": driver.seconds,
+            "time/total": time.perf_counter() - t_start,
+        },
         error=error,
         stop_reason=stop_reason,
-        segments=tuple(done),
     )
 
 
-_Closed = tuple[list[int], list[int], list[float]]
-
-
+@dataclass
 class _Sequence:
-    """One segment's growing token sequence: ids, loss mask (1 = sampled) and behaviour logprobs."""
+    """One segment's growing token sequence (ids, loss mask: 1 = sampled, behaviour logprobs) and what
+    it opened with (see :class:`~toolgym.core.Segment`)."""
 
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.mask: list[int] = []
-        self.logprobs: list[float] = []
+    start_turn: int = 1
+    context: list[Message] = field(default_factory=list)
+    dropped_results: int = 0
+    dropped_turns: int = 0
+    summary: str = ""
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
 
     def append(self, ids: Sequence[int], mask: int, lps: Sequence[float] | None = None) -> None:
         self.ids.extend(ids)
@@ -335,47 +284,58 @@ class _Sequence:
             keep -= 1
         del self.ids[keep:], self.mask[keep:], self.logprobs[keep:]
 
-    def close(self) -> _Closed:
-        return self.ids, self.mask, self.logprobs
+    def close(self) -> Segment:
+        return Segment(
+            token_ids=tuple(self.ids),
+            loss_mask=tuple(self.mask),
+            logprobs=tuple(self.logprobs),
+            token_hash=sampled_ids_hash(self.ids, self.mask),
+            start_turn=self.start_turn,
+            context=tuple(self.context),
+            dropped_results=self.dropped_results,
+            dropped_turns=self.dropped_turns,
+            summary=self.summary,
+        )
 
 
-def _segment(
-    closed: _Closed, start_turn: int, context: list[Message], dropped: tuple[int, int], summary: str
-) -> Segment:
-    ids, mask, lps = closed
-    return Segment(
-        token_ids=tuple(ids),
-        loss_mask=tuple(mask),
-        logprobs=tuple(lps),
-        token_hash=sampled_ids_hash(ids, mask),
-        start_turn=start_turn,
-        context=tuple(context),
-        dropped_results=dropped[0],
-        dropped_turns=dropped[1],
-        summary=summary,
-    )
+class _Tape:
+    """The episode's token segments, in order; the last one is open: it grows, and the policy samples
+    on it within the per-segment budget. A :class:`~toolgym.agents.compaction.TokenTape`."""
 
+    def __init__(self, policy: Policy, sampling: SamplingParams, max_total_tokens: int) -> None:
+        self.policy, self.sampling, self.max_total_tokens = policy, sampling, max_total_tokens
+        self.segments = [_Sequence()]
+        self.versions: list[int] = []  # each completion's policy version
+        self.seconds = 0.0  # spent sampling
 
-def _env_metrics(env: AsyncToolEnv) -> dict[str, float]:
-    """The counters of an episode the rollout ended before the environment did (a toolgym env's).
+    @property
+    def left(self) -> int:
+        return self.max_total_tokens - len(self.segments[-1].ids)
 
-    ``ToolEnv.episode_metrics`` is a property (a mapping); an environment may also offer a method.
-    """
-    read = getattr(env, "episode_metrics", None)
-    if callable(read):
-        read = read()
-    return {str(k): float(v) for k, v in read.items()} if isinstance(read, Mapping) else {}
+    def append(self, ids: Sequence[int], mask: int, lps: Sequence[float] | None = None) -> None:
+        self.segments[-1].append(ids, mask, lps)
 
+    def trim(self) -> None:
+        self.segments[-1].trim()
 
-def _reserve(config: CompactionConfig, sampling: SamplingParams, request: int, largest: int) -> int:
-    """Tokens a segment must have left before a turn, below which it is compacted first.
+    async def sample(self, budget: int) -> Completion:
+        """The policy's next turn (at most ``budget`` tokens), appended as sampled."""
+        t0 = time.perf_counter()
+        limit = replace(self.sampling, max_tokens=min(self.sampling.max_tokens, budget))
+        completion = await self.policy.generate(self.segments[-1].ids, limit)
+        self.seconds += time.perf_counter() - t0
+        self.versions.append(completion.policy_version)
+        self.append(completion.token_ids, 1, completion.logprobs)
+        return completion
 
-    ``drop``: room for the turn (its observation moves to the next segment). ``summary``: room for the
-    turn, an observation as long as the longest so far, the request and the summary.
-    """
-    if config.mode == "drop":
-        return sampling.max_tokens
-    return 2 * sampling.max_tokens + request + largest
+    def open(self, plan: ContextPlan, *, start_turn: int, summary: str) -> None:
+        """Close the open segment; the next one opens with ``plan``'s opening (mask 0)."""
+        opened = _Sequence(start_turn, plan.context, plan.dropped_results, plan.dropped_turns, summary)
+        opened.append(plan.ids, 0)
+        self.segments.append(opened)
+
+    def close(self) -> list[Segment]:
+        return [s.close() for s in self.segments]
 
 
 def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], *, append: bool = True) -> None:
