@@ -46,11 +46,8 @@ from toolgym.tools.sandbox.policy import (
     HARNESS_USER,
     REMAPPED_SANDBOX_UIDS,
     SANDBOX_UIDS,
-    SECCOMP_PROFILE,
-    WORKDIR,
     container_config,
     new_sandbox_uid,
-    sandbox_user,
 )
 from toolgym.tools.sandbox.reaper import (
     DEADLINE_LABEL,
@@ -69,27 +66,7 @@ from toolgym.tools.sandbox.reaper import (
 from toolgym.tools.sandbox.resident import ResidentRunner
 from toolgym.tools.sandbox.session import SandboxSession
 
-__all__ = [
-    "DEADLINE_LABEL",
-    "DEFAULT_IMAGE",
-    "HARNESS_USER",
-    "INSTANCE_LABEL",
-    "LABEL",
-    "SANDBOX_UIDS",
-    "SECCOMP_PROFILE",
-    "UID_LABEL",
-    "WORKDIR",
-    "DockerSandbox",
-    "ExecResult",
-    "SandboxSession",
-    "SandboxUnavailable",
-    "docker_client",
-    "leaked_containers",
-    "new_nonce",
-    "program_source",
-    "reap_containers",
-    "sandbox_user",
-]
+__all__ = ["DEFAULT_IMAGE", "DockerSandbox", "new_nonce"]
 
 log = logging.getLogger(__name__)
 
