@@ -18,6 +18,7 @@ checkpoint. Any other exception (a bug, a verifier bug) stops the run at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -232,29 +233,23 @@ class RolloutWorkers:
         if not self._order:
             raise RuntimeError("no group admitted: call admit() first")
         index = self._order[0]
-        async with self._changed:
-            while index not in self._done:
-                error = self.failed()
-                if error is not None:
-                    raise error
-                try:
-                    await asyncio.wait_for(self._changed.wait(), timeout=0.5)
-                except TimeoutError:
-                    continue
+        await self._until(lambda: index in self._done)
         self._order.pop(0)
         return self._done.pop(index)
 
     async def drain(self, version: int) -> None:
         """Wait until every group admitted at ``version`` or earlier is sampled."""
+        await self._until(lambda: not any(n for v, n in self._open.items() if v <= version))
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        """Wait until ``done()`` holds; a worker's exception is raised here instead."""
         async with self._changed:
-            while any(n for v, n in self._open.items() if v <= version):
+            while not done():
                 error = self.failed()
                 if error is not None:
                     raise error
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=0.5)
-                except TimeoutError:
-                    continue
 
     async def _env(self, route: int) -> gymnasium.Env:
         if self._pools[route].empty():
