@@ -218,9 +218,10 @@ def test_container_stops_itself_at_its_deadline_after_its_owner_is_killed() -> N
     owner = f"{socket.gethostname()}:{os.getpid()}"
     script = textwrap.dedent(
         f"""
-        import toolgym.tools.sandbox as sandbox
-        sandbox.owner_label = lambda: {owner!r}
-        box = sandbox.DockerSandbox(pool_size=0, container_ttl_s=8)
+        import toolgym.tools.sandbox.docker_sandbox as docker_sandbox
+        docker_sandbox.owner_label = lambda: {owner!r}
+        box = docker_sandbox.DockerSandbox(pool_size=0, container_ttl_s=8)
+        assert box.owner == {owner!r}, box.owner
         session = box.session()
         spin = "import threading\\ndef spin():\\n    while True: pass\\nthreading.Thread(target=spin).start()"
         assert session.run(spin, timeout=5, cpu_time_s=60).ok
