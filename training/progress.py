@@ -57,7 +57,8 @@ class RunProgress:
         """A phase with ``total`` items (``None``: unknown yet); its line opens it when not on a terminal."""
         task = _Task(self, name, total, completed)
         if not self.terminal:
-            self.line(f"{name}: started" + (f" ({int(total)} to do)" if total else ""))
+            done = f"{int(completed)} of {int(total)} done, " if total and completed else ""
+            self.line(f"{name}: started" + (f" ({done}{int(total - completed)} to do)" if total else ""))
             yield task
             return
         from rich.progress import Progress

@@ -182,8 +182,11 @@ def test_progress_prints_lines_when_not_on_a_terminal() -> None:
             bar.update(i)
     with progress.task("training", total=2) as bar:
         bar.update(1, note="reward 0.100")
+    with progress.task("training", total=18, completed=18):
+        pass
     lines = out.getvalue().splitlines()
     assert any("warm start: started (20 to do)" in x for x in lines)
+    assert any("training: started (18 of 18 done, 0 to do)" in x for x in lines)  # a resumed run
     assert sum("warm start: " in x and "/20" in x for x in lines) == 10  # one line per tenth
     assert any("training: 1/2 reward 0.100" in x for x in lines)
     quiet = io.StringIO()
