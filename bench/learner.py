@@ -6,7 +6,7 @@ Usage::
                             [--lora-rank 16] [--rounds 2] [--trajectories FILE] [--threads 2] [--sample] [--smoke]
 
 The shapes are a shipped config's (``--config``; ``learn``: SmolLM2-135M-Instruct on CPU,
-``toolgym/SearchQA-v0``, groups of 4, 48 tokens per turn, 2 turns, micro-batches of 4), built as the
+``toolgym/SearchQA-v0``, groups of 4, 64 tokens per turn, 2 turns, micro-batches of 4), built as the
 trainer builds them. ``--groups`` groups of the config's first tasks, with the tools ``answer`` and
 ``search``, are made once and saved to ``--trajectories`` (reused when the file exists):
 
