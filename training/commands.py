@@ -47,7 +47,9 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
             from toolgym.training.heldout import heldout_table
             from toolgym.training.heldout_run import run_heldout
 
-            progress.line(f"held-out evaluation: up to {config.heldout.n} tasks of split {config.heldout.split!r}")
+            progress.line(
+                f"held-out evaluation: up to {config.heldout.n} tasks of split {config.heldout.split!r}"
+            )
             summary = asyncio.run(run_heldout(config, out_dir, train_ids, warm_started=warm_started))
             print(heldout_table(summary))
             _track_heldout(trackers, step, summary)
