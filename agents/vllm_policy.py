@@ -61,6 +61,7 @@ from toolgym.agents.chat import IM_END
 from toolgym.agents.hf_policy import HFTokenizer
 from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
+from toolgym.agents.vllm_weights import WeightLoaderExtension, checkpoint_names, safetensors_names
 from toolgym.core import Completion, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
 
@@ -69,7 +70,7 @@ __all__ = ["VLLMPolicy", "WeightLoaderExtension", "require_vllm"]
 logger = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_EXTENSION = f"{__name__}.WeightLoaderExtension"
+_EXTENSION = "toolgym.agents.vllm_weights.WeightLoaderExtension"
 _GiB = 1 << 30
 _CPU_BLOCK_SIZE = 32  # the smallest KV block the CPU attention backend accepts
 _CPU_BATCHED_TOKENS = 2048  # vLLM's default token budget of a step
@@ -84,79 +85,6 @@ def require_vllm(purpose: str) -> Any:
     except ImportError as exc:
         raise MissingDependencyError("vllm", "vllm", purpose[0].upper() + purpose[1:]) from exc
     return vllm
-
-
-def _checkpoint_names(model_dir: Path) -> set[str]:
-    """Tensor names of a Hugging Face safetensors checkpoint, read from the file headers only."""
-    names: set[str] = set()
-    for path in sorted(model_dir.glob("*.safetensors")):
-        names |= _safetensors_names(path)
-    return names
-
-
-def _safetensors_names(path: Path) -> set[str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as fh:  # reads the header only
-        return set(fh.keys())
-
-
-class WeightLoaderExtension:
-    """vLLM worker extension (``worker_extension_cls``): reload the weights from a safetensors file.
-
-    vLLM mixes this class into its worker class, so its methods run inside the engine's worker process,
-    with ``self`` the worker (``self.reload_weights``, ``self.model_runner``, ``self.vllm_config``).
-    They are called through ``AsyncLLM.collective_rpc`` by name.
-    """
-
-    def toolgym_load_weights(self, path: str) -> dict[str, float]:
-        """Load every tensor of the safetensors file ``path`` into the running model, in place.
-
-        The file must hold exactly the tensor names of the model's original checkpoint (a tied output
-        head may be absent); anything else is refused before a single weight changes, so a bad export
-        can never leave a half-updated model. Returns ``{"tensors": n, "seconds": t}``.
-        """
-        from safetensors.torch import load_file
-
-        start = time.perf_counter()
-        expected = getattr(self, "_toolgym_names", None)
-        if expected is None:
-            model_dir = Path(self.vllm_config.model_config.model)  # type: ignore[attr-defined]
-            expected = _checkpoint_names(model_dir)
-            self._toolgym_names = expected
-        got = _safetensors_names(Path(path))
-        missing = sorted(expected - got - {"lm_head.weight"})
-        unexpected = sorted(got - expected - {"lm_head.weight"})
-        if missing or unexpected:
-            raise ValueError(
-                f"weights file {path} does not match the served checkpoint: missing {missing[:5]}, "
-                f"unexpected {unexpected[:5]} (export the trainer's state_dict with the model's own names)"
-            )
-        tensors = load_file(path, device="cpu")
-        self.reload_weights(  # type: ignore[attr-defined]
-            weights_iterator=iter(tensors.items()), is_checkpoint_format=True
-        )
-        self._toolgym_retie()
-        return {"tensors": float(len(tensors)), "seconds": time.perf_counter() - start}
-
-    def _toolgym_retie(self) -> None:
-        """Point a tied output head at the freshly loaded embedding again.
-
-        The checkpoint has no ``lm_head.weight`` when the head is tied, so vLLM's layerwise reload
-        finds nothing to load for it and puts the head's *old* kernel tensors back (on CPU the head
-        also keeps a pre-packed GEMM weight): the head would silently keep the old embedding.
-        """
-        config = self.vllm_config.model_config.hf_config  # type: ignore[attr-defined]
-        if not getattr(config, "tie_word_embeddings", False):
-            return
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        try:
-            head = model.get_submodule("lm_head")
-            embed = model.get_submodule("model.embed_tokens")
-        except AttributeError as exc:
-            raise ValueError(f"cannot re-tie the output head of {type(model).__name__}: {exc}") from exc
-        head.weight = embed.weight
-        head.quant_method.process_weights_after_loading(head)
 
 
 class _Loop:
@@ -489,8 +417,8 @@ class VLLMPolicy(ChatPolicy):
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"weights file {path} does not exist")
-        expected = _checkpoint_names(self.model_dir) - {"lm_head.weight"}
-        got = _safetensors_names(path) - {"lm_head.weight"}
+        expected = checkpoint_names(self.model_dir) - {"lm_head.weight"}
+        got = safetensors_names(path) - {"lm_head.weight"}
         if got != expected:
             raise ConfigError(
                 f"weights file {path} does not match the served checkpoint: missing "
