@@ -28,12 +28,16 @@ __all__ = [
 
 #: Longest baseline query (words): keeps each search call short enough for a small token budget.
 MAX_QUERY_WORDS = 32
+#: A placeholder the collection can answer (a marked one reads ``[CITATION n: not in the collection]``).
+_FINDABLE = re.compile(r"\[CITATION \d+\]")
 
 
 def placeholder_queries(prompt: str, max_queries: int = DEFAULT_MAX_TURNS - 1) -> list[str]:
     """One query per sentence of the context that holds a placeholder (placeholders and formulas removed).
 
-    With more such sentences than ``max_queries``, consecutive sentences are joined so that the
+    A placeholder marked as not in the collection (``[CITATION n: not in the collection]``) has no
+    answer to search for: a sentence holding only such placeholders gives no query. With more such
+    sentences than ``max_queries``, consecutive sentences are joined so that the
     whole context is still covered in ``max_queries`` searches. A query keeps at most
     ``MAX_QUERY_WORDS`` words (a joined query: an equal share of each sentence's first words).
     """
@@ -42,9 +46,9 @@ def placeholder_queries(prompt: str, max_queries: int = DEFAULT_MAX_TURNS - 1) -
     sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z\[])", context)
     queries = []
     for sentence in sentences:
-        if "[CITATION" not in sentence:
+        if not _FINDABLE.search(sentence):
             continue
-        text = re.sub(r"\[CITATION \d+\]|\$[^$]*\$|\[(?:FORMULA|FIGURE|TABLE)\]", " ", sentence)
+        text = re.sub(r"\[CITATION \d+(?::[^\]]*)?\]|\$[^$]*\$|\[(?:FORMULA|FIGURE|TABLE)\]", " ", sentence)
         text = " ".join(re.findall(r"[^\W_]+(?:[-'][^\W_]+)*", text)[:MAX_QUERY_WORDS])
         if text:
             queries.append(text)

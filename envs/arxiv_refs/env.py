@@ -3,28 +3,26 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from toolgym.core import FunctionTool, Task, Tool
 from toolgym.env import ToolEnv
+from toolgym.envs.arxiv_refs.cache import CacheSettings, cache_key, load_or_build
 from toolgym.envs.arxiv_refs.data import (
     DEFAULT_FALLBACK,
     DEFAULT_MAX_TURNS,
     DEFAULT_SECTIONS,
     ContextRule,
-    build_tasks,
 )
-from toolgym.envs.arxiv_refs.leakage import banned_ids, label_splits
 from toolgym.envs.arxiv_refs.verifier import CitationF1Verifier
 from toolgym.errors import ConfigError, ToolCallError
 from toolgym.splits import check_split, select_split
-from toolgym.tools.papers.collection import Collection, PaperRecord, build_collection
-from toolgym.tools.papers.copies import near_duplicates
-from toolgym.tools.papers.corpus import default_corpus_path, load_papers
-from toolgym.tools.papers.records import load_records
+from toolgym.tools.papers.collection import Collection, PaperRecord
+from toolgym.tools.papers.corpus import default_corpus_path
 
 __all__ = ["EXCERPT_CHARS", "MAX_K", "ArxivRefsEnv"]
 
@@ -37,30 +35,13 @@ class _Shared:
     collection: Collection
     tasks: list[Task]
     stats: dict[str, int]
-    banned: dict[str, set[str]]
+    banned: Mapping[str, AbstractSet[str]]
     index: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-_SHARED: dict[tuple[Any, ...], _Shared] = {}
+_SHARED: dict[Any, _Shared] = {}
 _SHARED_LOCK = threading.Lock()
-
-
-def _no_tasks(corpus: Path, rule: ContextRule, stats: dict[str, int]) -> ConfigError:
-    """Why no task came out of ``corpus``, with the counts that show it."""
-    if stats["markers"] == 0:
-        return ConfigError(f"{corpus}: no paper has a cited context under the section rule {rule}")
-    if stats["markers_linked"] == 0:
-        return ConfigError(
-            f"{corpus}: none of the {stats['markers']} citation markers in the chosen contexts links to a "
-            "bibliography entry (a {{cite:<ref_id>}} marker or cite_span ref_id must be a key of the "
-            "paper's bib_entries)"
-        )
-    return ConfigError(
-        f"{corpus}: every cited reference is hidden by the anti-leak rules ({stats['markers_linked']} linked "
-        f"markers, {stats['gold_unreachable']} cited records banned: the query paper itself, its copies, "
-        "or dated after it; date_filter=False keeps later ones)"
-    )
 
 
 def _shared(
@@ -70,43 +51,20 @@ def _shared(
     rule: ContextRule,
     date_filter: bool,
     threshold: float,
+    unlinked: str = "mark",
 ) -> _Shared:
-    key = (
-        str(corpus.resolve()),
-        corpus.stat().st_mtime_ns,
-        str(collection_path.resolve()) if collection_path else None,
-        collection_path.stat().st_mtime_ns if collection_path else None,
-        backend,
-        rule,
-        date_filter,
-        threshold,
-    )
+    """One environment's data per configuration per process, from its on-disk cache
+    (:mod:`toolgym.envs.arxiv_refs.cache`: built there on first use, keyed by the inputs' content)."""
+    settings = CacheSettings(rule, date_filter, threshold, unlinked, backend)
+    key = cache_key(corpus, collection_path, settings)
     with _SHARED_LOCK:
-        if key not in _SHARED:
-            from toolgym.tools.search.index import build_index
-
-            papers = load_papers(corpus)
-            given = load_records(collection_path) if collection_path else []
-            collection = build_collection(papers, given)
-            if given and collection.given_linked == 0:
-                counts = collection.counts()
-                raise ConfigError(
-                    f"{collection_path}: none of its {len(given)} records is linked to any of the "
-                    f"{counts['bib_entries']} bibliography entries of the {len(papers)} papers of {corpus} "
-                    "(links are by arXiv id, DOI, OpenAlex id, then normalised title of >= 3 words); "
-                    "check that the two files describe the same papers"
-                )
-            dups = near_duplicates(collection, threshold=threshold)
-            banned = banned_ids(
-                collection, date_filter=date_filter, near_duplicate_threshold=threshold, dups=dups
-            )
-            tasks, stats = build_tasks(collection, rule, banned)
-            if not tasks:
-                raise _no_tasks(corpus, rule, stats)
-            tasks = label_splits(collection, tasks, dups)
-            index = build_index((r.index_doc() for r in collection.records.values()), backend=backend)
-            _SHARED[key] = _Shared(collection, tasks, stats, banned, index)
-        return _SHARED[key]
+        if key in _SHARED:
+            return _SHARED[key]
+        derived = load_or_build(corpus, collection_path, settings)  # its key: the files as read now
+        if derived.key not in _SHARED:
+            shared = _Shared(derived.collection, derived.tasks, derived.stats, derived.banned, derived.index)
+            _SHARED[derived.key] = shared
+        return _SHARED[derived.key]
 
 
 # ----------------------------------------------------------------------------- environment
@@ -155,10 +113,17 @@ class ArxivRefsEnv(ToolEnv):
         sections, fallback_sections, max_context_chars: the context rule (:class:`ContextRule`).
         date_filter: hide records dated after the query paper.
         near_duplicate_threshold: n-gram overlap at which a record counts as a copy of the query.
+        unlinked: how a citation without a record in the collection is shown: ``"mark"`` (default:
+            ``[CITATION n: not in the collection]``, with a line above the context saying what it
+            means), ``"omit"`` (left out of the context) or ``"plain"`` (an ordinary placeholder); never
+            gold (see :mod:`toolgym.envs.arxiv_refs.data`).
         max_turns: assistant turns before truncation.
         split: ``"train"``, ``"test"`` or ``"all"`` (default: every task);
             by query paper, see :mod:`toolgym.envs.arxiv_refs.leakage`. The collection and index are the same
             in every split.
+
+    Everything derived from ``corpus`` and ``collection`` is cached on disk by content hash and
+    shared by the environments of a process (:mod:`toolgym.envs.arxiv_refs.cache`).
     """
 
     description = (
@@ -176,6 +141,7 @@ class ArxivRefsEnv(ToolEnv):
         max_context_chars: int = 6_000,
         date_filter: bool = True,
         near_duplicate_threshold: float = 0.3,
+        unlinked: str = "mark",
         max_turns: int = DEFAULT_MAX_TURNS,
         split: str = "all",
         render_mode: str | None = None,
@@ -195,7 +161,7 @@ class ArxivRefsEnv(ToolEnv):
             raise ConfigError(
                 f"{records}: no such collection file (JSONL, one record per line; see environments.md)"
             )
-        self._shared = _shared(path, records, backend, rule, date_filter, near_duplicate_threshold)
+        self._shared = _shared(path, records, backend, rule, date_filter, near_duplicate_threshold, unlinked)
         self.collection = self._shared.collection
         self.selection = select_split(self._shared.tasks, split)
         self.split = split
@@ -215,7 +181,7 @@ class ArxivRefsEnv(ToolEnv):
         self.selection.check_options(options)  # a task id of the other split: say so
         return super()._choose_task(options)
 
-    def banned_for(self, task: Task) -> set[str]:
+    def banned_for(self, task: Task) -> AbstractSet[str]:
         """Collection ids the tools of ``task`` never return."""
         return self._shared.banned[task.metadata["paper_id"]]
 
@@ -231,8 +197,8 @@ class ArxivRefsEnv(ToolEnv):
         fetch = min(k + len(banned), len(self.collection.records), INDEX_MAX_K)
         with self._shared.lock:
             hits = self._shared.index.search(query, fetch)
-        records = [self.collection.records[h.doc_id] for h in hits if h.doc_id not in banned]
-        return records[:k]
+        allowed = [h.doc_id for h in hits if h.doc_id not in banned][:k]
+        return [self.collection.records[cid] for cid in allowed]
 
     def read(self, task: Task, paper_id: str) -> PaperRecord:
         cid = self.collection.resolve(paper_id)

@@ -89,6 +89,8 @@ class Collection:
 
     ``given`` counts the collection records read from a collection file; ``given_linked`` how many of
     them a bibliography entry links to, and ``bib_linked`` how many bibliography entries link to one.
+    ``full_text_records`` is the number of records holding a full paper when known up front (a stored
+    collection, :mod:`toolgym.tools.papers.store`, whose records are read on access); ``None``: counted.
     """
 
     records: Mapping[str, PaperRecord]
@@ -99,6 +101,7 @@ class Collection:
     given: int = 0
     given_linked: int = 0
     bib_linked: int = 0
+    full_text_records: int | None = None
 
     def resolve(self, value: str) -> str | None:
         """The collection id for a collection id, arXiv id (any version/prefix), DOI, OpenAlex id or record id."""
@@ -115,7 +118,9 @@ class Collection:
         return self.aliases.get(f"record:{value}")
 
     def counts(self) -> dict[str, int]:
-        full = sum(1 for r in self.records.values() if r.full_paper)
+        full = self.full_text_records
+        if full is None:
+            full = sum(1 for r in self.records.values() if r.full_paper)
         bib_total = sum(len(p.bib) for p in self.papers)
         counts = {
             "papers": len(self.papers),
