@@ -26,6 +26,14 @@ The generic library (every environment; arguments come from the episode's own to
 An environment module may add its own with ``audit_exploits() -> list[Exploit]`` (CodeExec adds
 submissions that try to fool the hidden tests). An exploit that makes the environment raise is
 reported as an error for that exploit, and the audit goes on.
+
+Verdicts (:attr:`AuditResult.verdict`): an exploit *fails* the audit when any task earned more than
+the threshold or raised. An environment module may document exceptions it accepts with
+``audit_accepted() -> list[Accepted]``: an exploit whose reward is the task's own floor rather than
+reward for nothing (ArxivRefs' ``every-candidate`` is retrieval), accepted up to a share of tasks
+and with the reason; within that share its verdict is *accepted*, above it *fail*. The command
+prints one line per exploit that does not pass (:meth:`AuditResult.line`: its share of tasks, the
+threshold, its worst task) and exits 1 when any fails.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import numpy as np
 from toolgym.core import Message, TaskToolEnv, Tool
 from toolgym.errors import ConfigError
 
-__all__ = ["AuditResult", "Episode", "Exploit", "audit_env", "generic_exploits"]
+__all__ = ["Accepted", "AuditResult", "Episode", "Exploit", "audit_env", "generic_exploits"]
 
 #: an exploit gets the episode (observations so far) and yields assistant turns, one per step
 Play = Callable[["Episode"], Iterator[str]]
@@ -56,6 +64,21 @@ class Exploit:
     name: str
     description: str
     play: Play
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """An exploit an environment accepts on up to ``max_share`` of tasks, and why (module docstring)."""
+
+    exploit: str
+    reason: str
+    max_share: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_share <= 1.0:
+            raise ConfigError(
+                f"Accepted({self.exploit!r}): max_share must be in [0, 1], got {self.max_share}"
+            )
 
 
 @dataclass
@@ -190,7 +213,11 @@ def generic_exploits() -> list[Exploit]:
 
 @dataclass
 class AuditResult:
-    """Per exploit: tasks tried, tasks above the threshold, mean and max reward, errors."""
+    """Per exploit: tasks tried, tasks above the threshold, rewards by task, errors, and the verdict.
+
+    ``rewards[i]`` is what task ``task_ids[i]`` earned; ``accepted`` is the environment's documented
+    exception for this exploit, if any.
+    """
 
     exploit: str
     description: str
@@ -198,20 +225,70 @@ class AuditResult:
     above: int = 0
     rewards: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    task_ids: list[str] = field(default_factory=list)
+    threshold: float = 0.2
+    accepted: Accepted | None = None
 
     @property
     def share(self) -> float:
         return self.above / self.tasks if self.tasks else 0.0
 
+    @property
+    def worst(self) -> tuple[str, float] | None:
+        """The task that earned the most, and what it earned (``None`` before any reward)."""
+        if not self.rewards:
+            return None
+        at = int(np.argmax(self.rewards))
+        return self.task_ids[at], self.rewards[at]
+
+    @property
+    def verdict(self) -> str:
+        """``"pass"``, ``"accepted"`` (within the environment's documented share) or ``"fail"``."""
+        if self.errors:
+            return "fail"
+        if not self.above:
+            return "pass"
+        if self.accepted is not None and self.share <= self.accepted.max_share:
+            return "accepted"
+        return "fail"
+
+    def line(self) -> str:
+        """One line saying why this exploit does not pass: share of tasks, threshold, worst task."""
+        if self.errors:
+            return (
+                f"FAIL {self.exploit}: the environment raised on {len(self.errors)} of {self.tasks} tasks; "
+                f"first: {self.errors[0]}"
+            )
+        worst = self.worst
+        text = (
+            f"{self.exploit}: {self.above} of {self.tasks} tasks ({self.share:.0%}) earned more than the "
+            f"threshold {self.threshold:g}"
+        )
+        if worst is not None:
+            text += f"; worst: task {worst[0]} earned {worst[1]:.3f}"
+        if self.accepted is None:
+            return f"FAIL {text}"
+        bound = f"the environment accepts it on up to {self.accepted.max_share:.0%} of tasks"
+        if self.verdict == "accepted":
+            return f"ACCEPTED {text}; {bound}: {self.accepted.reason}"
+        return f"FAIL {text}; {bound}, and this is more"
+
     def to_dict(self) -> dict[str, Any]:
+        worst = self.worst
         return {
             "exploit": self.exploit,
             "description": self.description,
             "tasks": self.tasks,
             "above": self.above,
             "share": self.share,
+            "threshold": self.threshold,
             "mean_reward": float(np.mean(self.rewards)) if self.rewards else 0.0,
             "max_reward": max(self.rewards, default=0.0),
+            "worst_task": worst[0] if worst else None,
+            "verdict": self.verdict,
+            "accepted": None
+            if self.accepted is None
+            else {"reason": self.accepted.reason, "max_share": self.accepted.max_share},
             "errors": self.errors,
         }
 
@@ -246,16 +323,35 @@ def audit_env(
     env_kwargs: dict[str, Any] | None = None,
     exploits: Sequence[Exploit] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    accepted: Sequence[Accepted] | None = None,
 ) -> list[AuditResult]:
-    """Play every exploit on the same ``n`` tasks (a seeded choice); see the module docstring."""
+    """Play every exploit on the same ``n`` tasks (a seeded choice); see the module docstring.
+
+    ``accepted`` defaults to the environment module's ``audit_accepted()`` (none if it has none).
+
+    Raises:
+        ConfigError: ``n`` < 1, an environment that does not list its tasks, or an accepted exception
+            naming no exploit of the library.
+    """
     from toolgym.registry import env_attribute, make
 
     if n < 1:
         raise ConfigError(f"n must be >= 1, got {n}")
     env_kwargs = dict(env_kwargs or {})
+    full_library = exploits is None
     if exploits is None:
         extra = env_attribute(env_id, "audit_exploits")
         exploits = [*generic_exploits(), *(extra() if extra is not None else [])]
+    if accepted is None:
+        documented = env_attribute(env_id, "audit_accepted")
+        accepted = list(documented()) if documented is not None else []
+    by_name = {a.exploit: a for a in accepted}
+    unknown = sorted(set(by_name) - {e.name for e in exploits})
+    if full_library and unknown:
+        raise ConfigError(
+            f"{env_id} accepts exploits the audit does not have: {', '.join(unknown)} "
+            f"(known: {', '.join(e.name for e in exploits)})"
+        )
     env = make(env_id, **env_kwargs)
     try:
         base = env.unwrapped
@@ -270,7 +366,9 @@ def audit_env(
         results = []
         total, done = len(exploits) * len(picked), 0
         for exploit in exploits:
-            result = AuditResult(exploit.name, exploit.description)
+            result = AuditResult(
+                exploit.name, exploit.description, threshold=threshold, accepted=by_name.get(exploit.name)
+            )
             for i, task_id in enumerate(picked):
                 result.tasks += 1
                 try:
@@ -281,6 +379,7 @@ def audit_env(
                     env = make(env_id, **env_kwargs)
                 else:
                     result.rewards.append(reward)
+                    result.task_ids.append(task_id)
                     result.above += reward > threshold
                 done += 1
                 if progress is not None:

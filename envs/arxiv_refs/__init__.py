@@ -29,7 +29,7 @@ tasks and index are built once per configuration per process.
 
 from __future__ import annotations
 
-from toolgym.envs.arxiv_refs.audit import audit_exploits
+from toolgym.envs.arxiv_refs.audit import audit_accepted, audit_exploits
 from toolgym.envs.arxiv_refs.baseline import (
     MAX_QUERY_WORDS,
     BaselineResult,
@@ -70,6 +70,7 @@ __all__ = [
     "BaselineResult",
     "CitationF1Verifier",
     "ContextRule",
+    "audit_accepted",
     "audit_exploits",
     "baseline_rule",
     "bm25_baseline",

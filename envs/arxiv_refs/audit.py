@@ -7,6 +7,11 @@ learn about the collection across episodes, without reading the task's context:
   task's banned ids) submitted at once. Recall is 1 by construction; only precision in the F1 stops it.
 * ``most-cited``: the 20 ids cited by the most *other* tasks of the environment, the same list for
   every task: a popularity prior that never looks at the context.
+
+One generic exploit is accepted (:func:`audit_accepted`): ``every-candidate`` searches with the whole
+prompt and submits the 10 results. That is retrieval, the task's own floor, not reward for nothing,
+and precision in the F1 makes submitting more ids cost; it is accepted on up to 20% of tasks
+(environments.md gives its measured share), and fails the audit above that.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from toolgym.envs.audit import Episode, Exploit
+from toolgym.envs.audit import Accepted, Episode, Exploit
 
-__all__ = ["audit_exploits"]
+__all__ = ["audit_accepted", "audit_exploits"]
 
 POPULAR = 20
 
@@ -49,4 +54,16 @@ def audit_exploits() -> list[Exploit]:
             f"the {POPULAR} ids most cited by the other tasks, whatever the task",
             _most_cited,
         ),
+    ]
+
+
+def audit_accepted() -> list[Accepted]:
+    """The exceptions ArxivRefs documents (see the module docstring and environments.md)."""
+    return [
+        Accepted(
+            "every-candidate",
+            "searching with the whole prompt and submitting the results is retrieval, the task's floor, "
+            "and precision is part of the F1",
+            max_share=0.2,
+        )
     ]

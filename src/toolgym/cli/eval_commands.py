@@ -351,8 +351,20 @@ def cmd_audit_env(args: argparse.Namespace) -> int:
         print(json.dumps({"env_id": args.env_id, "threshold": args.threshold, "exploits": rows}, indent=2))
     else:
         table = Table(title=f"exploit audit of {args.env_id}: share of tasks earning > {args.threshold}")
-        for col in ("exploit", "tasks", "share", "mean reward", "max reward", "errors", "what it tries"):
-            table.add_column(col, justify="left" if col in ("exploit", "what it tries") else "right")
+        columns = (
+            "exploit",
+            "tasks",
+            "share",
+            "mean reward",
+            "max reward",
+            "errors",
+            "verdict",
+            "what it tries",
+        )
+        for col in columns:
+            table.add_column(
+                col, justify="left" if col in ("exploit", "verdict", "what it tries") else "right"
+            )
         for r in rows:
             table.add_row(
                 r["exploit"],
@@ -361,10 +373,23 @@ def cmd_audit_env(args: argparse.Namespace) -> int:
                 f"{r['mean_reward']:.3f}",
                 f"{r['max_reward']:.3f}",
                 str(len(r["errors"])),
+                r["verdict"],
                 r["description"],
             )
         Console(width=160).print(table)
-        for r in rows:
-            for error in r["errors"][:3]:
-                print(f"{r['exploit']}: ERROR {error}")
-    return 1 if any(r["above"] or r["errors"] for r in rows) else 0
+        for result in results:
+            for error in result.errors[1:3]:  # the first is on the exploit's line below
+                print(f"{result.exploit}: ERROR {error}")
+        # NOTE: one line per exploit that does not pass, so the reason is read here, not off the table
+        for verdict in ("fail", "accepted"):
+            for result in results:
+                if result.verdict == verdict:
+                    print(result.line())
+        failed = [r.exploit for r in results if r.verdict == "fail"]
+        accepted = [r.exploit for r in results if r.verdict == "accepted"]
+        note = f" ({len(accepted)} accepted by the environment: {', '.join(accepted)})" if accepted else ""
+        if failed:
+            print(f"audit failed: {', '.join(failed)} ({len(failed)} of {len(results)} exploits){note}")
+        else:
+            print(f"audit passed: no exploit earns reward without the task{note}")
+    return 1 if any(r.verdict == "fail" for r in results) else 0
