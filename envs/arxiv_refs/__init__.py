@@ -9,7 +9,10 @@ precision and are logged as ``answer/duplicates`` and ``answer/unknown_ids``).
 The parts, one module each (the package re-exports their public names):
 
 - :mod:`toolgym.envs.arxiv_refs.env`: the environment, its shared collection and index, its tools.
-- :mod:`toolgym.envs.arxiv_refs.data`: the context rule and task building (placeholders, gold ids).
+- :mod:`toolgym.envs.arxiv_refs.data`: the context rule and task building (placeholders, gold ids,
+  citations the collection cannot answer).
+- :mod:`toolgym.envs.arxiv_refs.derive`: all of it from the two input files, and
+  :mod:`toolgym.envs.arxiv_refs.cache`: the result stored by content hash, opened memory-mapped.
 - :mod:`toolgym.envs.arxiv_refs.leakage`: the ids banned per task (the query paper, its copies, later
   papers) and the train/test split by query-paper group.
 - :mod:`toolgym.envs.arxiv_refs.verifier`: the F1 verifier.
@@ -24,7 +27,8 @@ index and drops banned hits, so it returns ``k`` allowed results without a per-t
 as parsed fields, never as the citing string; collection records (``collection=``) as given.
 
 Decisions: collection ids are 10 hex digits (stable, copyable by a small model); the collection,
-tasks and index are built once per configuration per process.
+tasks and index are built once per configuration and cached on disk, and shared by the
+environments of a process.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ from toolgym.envs.arxiv_refs.data import (
     DEFAULT_MAX_TURNS,
     DEFAULT_SECTIONS,
     PROMPT,
+    UNLINKED_MARK,
+    UNLINKED_MODES,
+    UNLINKED_NOTE,
     ContextRule,
     build_tasks,
 )
@@ -65,6 +72,9 @@ __all__ = [
     "PROMPT",
     "SPLIT_NAMESPACE",
     "TEST_FRACTION",
+    "UNLINKED_MARK",
+    "UNLINKED_MODES",
+    "UNLINKED_NOTE",
     "ArxivRefsEnv",
     "BM25BaselineRule",
     "BaselineResult",

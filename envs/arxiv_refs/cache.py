@@ -248,6 +248,11 @@ def _build(
             target.rename(old)
         try:
             tmp.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            # Another process (where there is no flock) finished first; the caller checks its entry.
+            log.info("another process wrote %s first; using it", target)
         finally:
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)

@@ -66,19 +66,19 @@ class CacheSettings:
 
 @contextmanager
 def phase(label: str) -> Iterator[None]:
-    """A spinner with the elapsed time while one step of a build runs (stderr, removed after)."""
+    """A spinner with the elapsed time while one step of a build runs (on a terminal's stderr, removed
+    after); the step and its duration are logged at INFO either way."""
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     start = time.perf_counter()
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    ) as progress:
-        progress.add_task(label, total=None)
+    console = Console(stderr=True)
+    if console.is_terminal:
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as progress:
+            progress.add_task(label, total=None)
+            yield
+    else:
         yield
     log.info("%s: %.1f s", label, time.perf_counter() - start)
 
