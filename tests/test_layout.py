@@ -39,8 +39,9 @@ ALIASES = {
 }
 # heavy third-party module -> the only places (relative paths, prefixes) allowed to import it
 HEAVY = {
-    "torch": ("agents/", "training/"),
-    "transformers": ("agents/", "training/"),
+    "torch": ("agents/", "training/", "tools/search/encoder.py"),
+    "transformers": ("agents/", "training/", "tools/search/encoder.py"),
+    "faiss": ("tools/search/dense.py",),
     "vllm": ("agents/vllm_policy.py", "training/weight_sync.py"),
     "docker": ("tools/sandbox/",),
     "ray": ("training/ray_backend.py", "agents/ray_"),

@@ -1,12 +1,23 @@
 """Search indexes over a document collection: build once, cache on disk, open in milliseconds.
 
-Two backends rank with the same BM25 (Lucene's, as Anserini configures it) over the same input — each
-document's title, a newline, then its text:
+Three backends, over the same input — each document's title, a newline, then its text. Two rank with
+the same BM25 (Lucene's, as Anserini configures it):
 
 * ``default`` — :mod:`toolgym.tools.search.bm25` (in-process; a C kernel over memory-mapped numpy arrays,
   no server and no Java); the base install. Same scores and order as the Lucene backend, bit for bit.
 * ``pyserini`` — Lucene itself via :mod:`toolgym.tools.search.lucene` (extra ``toolgym[pyserini]``); the
   reference the default backend is measured against.
+
+and one by a sentence encoder's inner product:
+
+* ``dense`` — :mod:`toolgym.tools.search.dense` (extra ``toolgym[dense]``): passage embeddings computed
+  once at build, searched exactly or through an HNSW graph; its settings are a
+  :class:`~toolgym.tools.search.dense.DenseSettings`, and the encoder's identity (a hash of its files,
+  its pooling, window and prefixes) is part of the cache key.
+
+Hybrid retrieval fuses a BM25 index and a dense index of the same corpus
+(:mod:`toolgym.tools.search.hybrid`); environments choose among the three through
+:mod:`toolgym.tools.search.retriever`. Every one of them is a :class:`SearchIndex`.
 
 On-disk layout (one directory per index)::
 
@@ -14,8 +25,9 @@ On-disk layout (one directory per index)::
     verified.json        when each file's checksum was last verified (see index_manifest)
     docs.bin, docs_offsets.npy, docs_ids.*
                          the document store (toolgym.tools.search.doc_store): texts and external ids
-    bm25*.npy, bm25*.bin, bm25.json / lucene/
-                         the backend's own files (toolgym.tools.search.bm25_build lists the default's)
+    bm25*.npy, bm25*.bin, bm25.json / lucene/ / dense*
+                         the backend's own files (toolgym.tools.search.bm25_build lists the default's,
+                         toolgym.tools.search.dense the dense one's)
 
 A build streams its corpus: each document is checked, hashed and appended to the store as it
 arrives, so memory holds ids, not texts. It writes into a temporary sibling directory renamed into
@@ -27,8 +39,9 @@ used silently. :func:`build_index` then logs a warning and rebuilds it (it has t
 file whole, so it costs the same for a thousand documents or a million.
 
 Cache directory: ``$TOOLGYM_CACHE/index`` if ``TOOLGYM_CACHE`` is set, else ``~/.cache/toolgym/index``;
-the directory name is the backend plus a hash of the corpus content and the ranking settings, so the
-same corpus is indexed once and any change to it builds a new index.
+the directory name is the backend plus a hash of the corpus content and the ranking settings (for
+``dense``, the encoder's identity among them), so the same corpus is indexed once per encoder and any
+change to it builds a new index.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from toolgym.data import iter_jsonl
 from toolgym.errors import BackendError, ConfigError, ToolCallError, did_you_mean
@@ -50,11 +63,16 @@ from toolgym.tools.search.bm25 import anserini_display
 from toolgym.tools.search.doc_store import DOC_FILES, DocumentStore, DocumentWriter
 from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, fix_hint, read_manifest
 
+if TYPE_CHECKING:
+    from toolgym.tools.search.dense import DenseSettings
+    from toolgym.tools.search.encoder import SentenceEncoder
+
 __all__ = [
     "BACKENDS",
     "MAX_K",
     "Hit",
     "Index",
+    "SearchIndex",
     "UnknownDocument",
     "build_command",
     "build_index",
@@ -64,14 +82,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("default", "pyserini")
+BACKENDS = ("default", "pyserini", "dense")
 #: Largest ``k`` a search accepts: deeper lists are a mistake in an agent's call, not a need.
 MAX_K = 1000
 
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result: the document's id and its BM25 score (higher is better)."""
+    """One search result: the document's id and its score (higher is better): BM25, the inner product
+    of the query's and the passage's vectors (dense), or the fused score (hybrid)."""
 
     doc_id: str
     score: float
@@ -97,6 +116,29 @@ class _Ranker(Protocol):
     ) -> list[list[tuple[Any, float]]]: ...
 
 
+class SearchIndex(Protocol):
+    """What environments use of a search index; :class:`Index` and
+    :class:`~toolgym.tools.search.hybrid.HybridIndex` are ones. Thread-safe.
+
+    ``search`` raises :class:`~toolgym.errors.ToolCallError` for an empty query or ``k`` outside
+    1..``MAX_K``; ``get`` raises :class:`UnknownDocument`; ``provenance`` is what results depend on
+    (for run manifests).
+    """
+
+    @property
+    def provenance(self) -> dict[str, Any]: ...
+
+    def __len__(self) -> int: ...
+
+    def search(self, query: str, k: int = 10) -> list[Hit]: ...
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, threads: int = 1) -> list[list[Hit]]: ...
+
+    def get(self, doc_id: str) -> dict[str, str]: ...
+
+    def close(self) -> None: ...
+
+
 def cache_dir() -> Path:
     """Where cached indexes live (``$TOOLGYM_CACHE/index`` or ``~/.cache/toolgym/index``)."""
     root = os.environ.get("TOOLGYM_CACHE")
@@ -111,9 +153,12 @@ def _check_backend(backend: str) -> None:
         )
 
 
-def _settings(backend: str) -> dict[str, Any]:
+def _settings(backend: str, dense: dict[str, Any] | None = None) -> dict[str, Any]:
     from toolgym.tools.search.bm25 import BM25Settings
 
+    if backend == "dense":
+        assert dense is not None
+        return {"contents": "title + newline + text", **dense}
     settings = asdict(BM25Settings())
     if backend == "pyserini":
         settings = {"k1": 0.9, "b": 0.4, "engine": "anserini SimpleIndexer/SimpleSearcher"}
@@ -193,21 +238,42 @@ def _read_corpus(path: Path) -> Iterator[tuple[str, Any]]:
 class Index:
     """A searchable, read-only document collection. Build with :func:`build_index`, reopen with :func:`load_index`.
 
-    Thread-safe for concurrent ``search``/``get`` calls.
+    Thread-safe for concurrent ``search``/``get`` calls. A ``dense`` index embeds queries with
+    ``encoder`` (default: the one :func:`_dense_encoder` finds for it) and searches as ``dense`` says
+    (:class:`~toolgym.tools.search.dense.DenseSettings`: exact or HNSW, ``ef_search``).
     """
 
-    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        manifest: dict[str, Any],
+        *,
+        encoder: SentenceEncoder | None = None,
+        dense: DenseSettings | None = None,
+    ) -> None:
         self._path = path
         self._manifest = manifest
         self._backend: str = manifest["backend"]
         self._n_docs: int = manifest["n_docs"]
         self._ranker: _Ranker
+        self._search: dict[str, Any] | None = None
         try:
             self._store = DocumentStore(path)
             if self._backend == "default":
                 from toolgym.tools.search.bm25_search import BM25Ranker
 
                 self._ranker = BM25Ranker(path)
+            elif self._backend == "dense":
+                from toolgym.tools.search.dense import DenseRanker, DenseSettings
+
+                settings = dense if dense is not None else DenseSettings()
+                ranker = DenseRanker(
+                    path,
+                    encoder if encoder is not None else _dense_encoder(manifest, settings),
+                    search=settings.search,
+                    ef_search=settings.hnsw_ef_search,
+                )
+                self._ranker, self._search = ranker, ranker.search_settings
         except (OSError, ValueError, KeyError) as exc:
             raise BackendError(f"cannot read the index at {path} ({exc}). {fix_hint(path)}") from None
         if len(self._store) != self._n_docs:
@@ -215,7 +281,7 @@ class Index:
                 f"the index at {path} stores {len(self._store)} documents, its manifest says "
                 f"{self._n_docs}. {fix_hint(path)}"
             )
-        if self._backend != "default":
+        if self._backend == "pyserini":
             from toolgym.tools.search.lucene import LuceneBM25
 
             self._ranker = LuceneBM25(path / "lucene")
@@ -227,13 +293,17 @@ class Index:
 
     @property
     def backend(self) -> str:
-        """``"default"`` or ``"pyserini"``."""
+        """``"default"``, ``"pyserini"`` or ``"dense"``."""
         return self._backend
 
     @property
     def provenance(self) -> dict[str, Any]:
-        """What the results depend on: backend, ranking settings, corpus hash and size (for run manifests)."""
-        return {k: self._manifest.get(k) for k in ("backend", "key", "corpus_sha256", "settings", "n_docs")}
+        """What the results depend on: backend, ranking settings (a dense index's encoder identity among
+        them), corpus hash and size, and for a dense index how it is searched (for run manifests)."""
+        found = {k: self._manifest.get(k) for k in ("backend", "key", "corpus_sha256", "settings", "n_docs")}
+        if self._search is not None:
+            found["search"] = dict(self._search)
+        return found
 
     def __len__(self) -> int:
         return self._n_docs
@@ -249,16 +319,18 @@ class Index:
             raise ToolCallError(f"k must be an integer from 1 to {MAX_K}, got {k!r}")
 
     def _hits(self, found: list[tuple[Any, float]], k: int) -> list[Hit]:
-        if self._backend != "default":
+        if self._backend == "pyserini":
             return [Hit(doc_id, score) for doc_id, score in found[:k]]
-        # Already in Anserini's order; show the scores as Anserini does (4 decimals, ties nudged).
         ids = self._store.ids
         assert ids is not None
+        if self._backend == "dense":
+            return [Hit(ids.get(position), score) for position, score in found[:k]]
+        # Already in Anserini's order; show the scores as Anserini does (4 decimals, ties nudged).
         shown = anserini_display([score for _, score in found[:k]])
         return [Hit(ids.get(position), score) for (position, _), score in zip(found, shown, strict=False)]
 
     def search(self, query: str, k: int = 10) -> list[Hit]:
-        """The ``k`` best documents for ``query`` by BM25, best first (fewer if fewer match).
+        """The ``k`` best documents for ``query``, best first (fewer if fewer match, or the collection is smaller).
 
         Raises:
             ToolCallError: the query is empty or ``k`` is outside 1..``MAX_K``.
@@ -331,20 +403,59 @@ def _store_corpus(records: Iterable[tuple[str, Any]], tmp: Path) -> tuple[list[s
         raise
 
 
-def _index_files(tmp: Path, backend: str, key: str, corpus_sha: str, ids: list[str]) -> dict[str, Any]:
+def _dense_encoder(manifest: dict[str, Any], settings: DenseSettings) -> SentenceEncoder:
+    """The encoder to query a dense index with: ``settings.encoder``, else the directory the index was
+    built from (when it is still there), else the shipped default; unset prefixes and window come from
+    the index's record, so an index built with e5's prefixes reopens without restating them (the ranker
+    then checks that the encoder is the index's)."""
+    from toolgym.tools.search.encoder import SentenceEncoder, default_encoder_path, inspect_encoder
+
+    stored = manifest.get("settings", {}).get("encoder", {})
+    path: Path | None = Path(settings.encoder) if settings.encoder is not None else None
+    if path is None:
+        built = manifest.get("encoder_path")
+        path = Path(built) if built and (Path(built) / "config.json").is_file() else default_encoder_path()
+    info = inspect_encoder(
+        path,
+        query_prefix=settings.query_prefix
+        if settings.query_prefix is not None
+        else stored.get("query_prefix"),
+        passage_prefix=settings.passage_prefix
+        if settings.passage_prefix is not None
+        else stored.get("passage_prefix"),
+        max_tokens=settings.max_tokens if settings.max_tokens is not None else stored.get("max_tokens"),
+    )
+    return SentenceEncoder(info, batch_size=settings.batch_size)
+
+
+def _index_files(
+    tmp: Path,
+    backend: str,
+    key: str,
+    corpus_sha: str,
+    ids: list[str],
+    settings: dict[str, Any],
+    dense: tuple[SentenceEncoder, DenseSettings] | None,
+) -> dict[str, Any]:
     """Build the backend's files beside the stored documents in ``tmp``, then its manifest."""
     label = f"indexing {len(ids):,} documents ({backend})"
     progress, task = _progress(len(ids), label)
     advance: Callable[[int], None] = lambda n: progress.advance(task, n)  # noqa: E731
+
+    def phase(text: str) -> None:
+        progress.update(task, description=f"{label}: {text}")
+
     with progress:
         if backend == "default":
             from toolgym.tools.search.bm25 import BM25Settings
             from toolgym.tools.search.bm25_build import build_bm25
 
-            def phase(text: str) -> None:
-                progress.update(task, description=f"{label}: {text}")
-
             build_bm25(tmp, tmp, ids, BM25Settings(), advance=advance, phase=phase)
+        elif backend == "dense":
+            from toolgym.tools.search.dense import build_dense
+
+            assert dense is not None
+            build_dense(DocumentStore(tmp, with_ids=False), tmp, *dense, advance=advance, phase=phase)
         else:
             from toolgym.tools.search.lucene import build_lucene
 
@@ -355,16 +466,38 @@ def _index_files(tmp: Path, backend: str, key: str, corpus_sha: str, ids: list[s
         "backend": backend,
         "key": key,
         "corpus_sha256": corpus_sha,
-        "settings": _settings(backend),
+        "settings": settings,
         "n_docs": len(ids),
         "files": file_table(tmp),
     }
+    if dense is not None:  # where the encoder was: a hint for load_index, not part of the key
+        manifest["encoder_path"] = str(dense[0].info.path)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return manifest
 
 
-def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | None) -> Index:
+def _build(
+    records: Iterable[tuple[str, Any]],
+    backend: str,
+    path: str | Path | None,
+    dense_settings: DenseSettings | None = None,
+) -> Index:
     _check_backend(backend)
+    dense: tuple[SentenceEncoder, DenseSettings] | None = None
+    if backend == "dense":
+        from toolgym.tools.search.dense import DenseSettings
+        from toolgym.tools.search.encoder import SentenceEncoder
+
+        chosen = dense_settings if dense_settings is not None else DenseSettings()
+        dense = (SentenceEncoder(chosen.encoder_info(), batch_size=chosen.batch_size), chosen)
+        settings = _settings(backend, chosen.key_settings(dense[0].info))
+    elif dense_settings is not None:
+        raise ConfigError(
+            f"dense settings were given for the {backend!r} backend; they apply to 'dense' only"
+        )
+    else:
+        settings = _settings(backend)
+    encoder, chosen_dense = dense if dense is not None else (None, None)
     given = Path(path) if path is not None else None
     parent = given.parent if given is not None else cache_dir()
     parent.mkdir(parents=True, exist_ok=True)
@@ -376,7 +509,7 @@ def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | 
     try:
         ids, corpus_sha = _store_corpus(records, tmp)
         key_src = json.dumps(
-            {"format": FORMAT, "backend": backend, "settings": _settings(backend), "corpus": corpus_sha}
+            {"format": FORMAT, "backend": backend, "settings": settings, "corpus": corpus_sha}
         )
         key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
         target = given if given is not None else cache_dir() / f"{backend}-{key}"
@@ -395,7 +528,7 @@ def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | 
             else:
                 if manifest.get("key") == key:
                     try:
-                        index = Index(target, manifest)
+                        index = Index(target, manifest, encoder=encoder, dense=chosen_dense)
                     except BackendError as exc:  # checked files that still cannot be read: rebuild
                         log.warning("%s -- rebuilding it from the corpus", exc)
                     else:
@@ -403,10 +536,12 @@ def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | 
                         return index
                 else:
                     log.warning(
-                        "the index at %s was built from another corpus or settings; rebuilding it", target
+                        "the index at %s was built %s; rebuilding it",
+                        target,
+                        _what_changed(manifest, corpus_sha, settings),
                     )
 
-        manifest = _index_files(tmp, backend, key, corpus_sha, ids)
+        manifest = _index_files(tmp, backend, key, corpus_sha, ids, settings, dense)
         old = None
         if target.exists():
             old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
@@ -417,7 +552,7 @@ def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | 
             # Another process finished the same build first: use its index if it is sound.
             if (target / MANIFEST).exists() and read_manifest(target).get("key") == key:
                 log.info("another process built %s first; using it", target)
-                return Index(target, read_manifest(target, verify=False))
+                return Index(target, read_manifest(target, verify=False), encoder=encoder, dense=chosen_dense)
             raise
         finally:
             if old is not None:
@@ -426,55 +561,82 @@ def _build(records: Iterable[tuple[str, Any]], backend: str, path: str | Path | 
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("built %s search index of %d documents at %s", backend, len(ids), target)
-    return Index(target, manifest)
+    return Index(target, manifest, encoder=encoder, dense=chosen_dense)
+
+
+def _what_changed(manifest: dict[str, Any], corpus_sha: str, settings: dict[str, Any]) -> str:
+    """Why a cached index at an explicit path does not fit: for the rebuild warning."""
+    if manifest.get("corpus_sha256") != corpus_sha:
+        return "from another corpus (its documents changed since)"
+    old = manifest.get("settings", {}).get("encoder")
+    new = settings.get("encoder")
+    if old is not None and new is not None and old != new:
+        return (
+            f"with another encoder (sha256 {str(old.get('sha256'))[:12]}, {old.get('dim')} dimensions; "
+            f"now sha256 {str(new.get('sha256'))[:12]}, {new.get('dim')})"
+        )
+    return "with other settings or another backend"
 
 
 def build_index(
-    docs: Iterable[dict[str, Any]], *, backend: str = "default", path: str | Path | None = None
+    docs: Iterable[dict[str, Any]],
+    *,
+    backend: str = "default",
+    path: str | Path | None = None,
+    dense: DenseSettings | None = None,
 ) -> Index:
     """Index ``docs`` (or reuse the cached index of the identical corpus) and return it open.
 
     Args:
         docs: ``{"id", "title", "text"}`` dicts; ids unique and non-empty.
-        backend: ``"default"`` (in-process BM25) or ``"pyserini"`` (Lucene, extra ``toolgym[pyserini]``).
+        backend: ``"default"`` (in-process BM25), ``"pyserini"`` (Lucene, extra ``toolgym[pyserini]``) or
+            ``"dense"`` (a sentence encoder, extra ``toolgym[dense]``).
         path: Where to keep the index; defaults to the cache directory, keyed by corpus and settings.
+        dense: The dense backend's settings (encoder, prefixes, dtype, HNSW); default ``DenseSettings()``.
 
     Raises:
-        ConfigError: unknown backend, a malformed document, duplicate ids, an empty corpus, or ``path``
-            holding something that is not an index.
-        MissingDependencyError: ``backend="pyserini"`` without its extra.
+        ConfigError: unknown backend, a malformed document, duplicate ids, an empty corpus, ``path``
+            holding something that is not an index, an encoder directory that is not an encoder, or
+            dense settings for a BM25 backend.
+        MissingDependencyError: a backend without its extra.
     """
-    return _build(((f"document {i}", doc) for i, doc in enumerate(docs, 1)), backend, path)
+    return _build(((f"document {i}", doc) for i, doc in enumerate(docs, 1)), backend, path, dense)
 
 
-def load_index(path: str | Path, *, verify: bool | Literal["full"] = True) -> Index:
+def load_index(
+    path: str | Path, *, verify: bool | Literal["full"] = True, dense: DenseSettings | None = None
+) -> Index:
     """Open an index directory written by :func:`build_index` after checking every file (module docstring).
 
     Args:
         path: The index directory.
         verify: ``True``: sizes, and checksums of files not verified unchanged since; ``"full"``: every
             checksum; ``False``: sizes only (:func:`toolgym.tools.search.index_manifest.read_manifest`).
+        dense: For a dense index: the encoder to embed queries with and how to search; unset fields
+            come from the index (its encoder's directory when still there, its prefixes and window).
 
     Raises:
         BackendError: the directory is missing, incomplete or corrupt (the message says how to fix it).
+        ConfigError: a dense index opened with an encoder other than the one it was built with.
     """
     path = Path(path)
-    return Index(path, read_manifest(path, verify=verify))
+    return Index(path, read_manifest(path, verify=verify), dense=dense)
 
 
-def build_command(corpus: Path, backend: str, out: Path | None) -> Path:
+def build_command(corpus: Path, backend: str, out: Path | None, dense: DenseSettings | None = None) -> Path:
     """Body of ``toolgym index build``: index a JSONL corpus and return the index directory.
 
     Args:
         corpus: JSONL (optionally gzipped), one ``{"id", "title", "text"}`` object per line.
         backend: A name from :data:`BACKENDS`.
         out: Index directory; ``None`` uses the cache directory.
+        dense: The dense backend's settings.
 
     Raises:
         ConfigError: unreadable corpus, or a malformed line (the message names ``file:line``).
     """
     _check_backend(backend)
-    index = _build(_read_corpus(Path(corpus)), backend, out)
+    index = _build(_read_corpus(Path(corpus)), backend, out, dense)
     path = index.path
     index.close()
     return path
