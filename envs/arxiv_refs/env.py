@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from toolgym.errors import ConfigError, ToolCallError
 from toolgym.splits import check_split, select_split
 from toolgym.tools.papers.collection import Collection, PaperRecord
 from toolgym.tools.papers.corpus import default_corpus_path
+from toolgym.tools.search.retriever import RetrieverSettings, open_retriever
 
 __all__ = ["EXCERPT_CHARS", "MAX_K", "ArxivRefsEnv"]
 
@@ -65,6 +66,23 @@ def _shared(
             shared = _Shared(derived.collection, derived.tasks, derived.stats, derived.banned, derived.index)
             _SHARED[derived.key] = shared
         return _SHARED[derived.key]
+
+
+_RETRIEVERS: dict[tuple[int, RetrieverSettings], Any] = {}
+
+
+def _retriever(shared: _Shared, settings: RetrieverSettings) -> Any:
+    """The search index of a dense or hybrid retriever over ``shared``'s collection (one per process)."""
+    key = (id(shared), settings)
+    with _SHARED_LOCK:
+        if key not in _RETRIEVERS:
+            records = shared.collection.records
+            _RETRIEVERS[key] = open_retriever(lambda: (r.index_doc() for r in records.values()), settings)
+        return _RETRIEVERS[key]
+
+
+#: How search_papers' description names its ranking, per retriever (v0's bm25 text is unchanged).
+_RANKING = {"bm25": "BM25", "dense": "dense retrieval", "hybrid": "BM25 and dense retrieval fused"}
 
 
 # ----------------------------------------------------------------------------- environment
@@ -110,6 +128,9 @@ class ArxivRefsEnv(ToolEnv):
             papers: id, title, abstract, authors, year/date, venue, ids), format of
             :mod:`toolgym.tools.papers.records`; linked to bibliography entries by id, then title.
         backend: search backend for :func:`toolgym.tools.search.index.build_index`.
+        retriever: ``"bm25"`` (default), ``"dense"`` or ``"hybrid"`` (see
+            :mod:`toolgym.tools.search.retriever`); encoder, query_prefix, passage_prefix: the dense
+            encoder's directory (default: the shipped all-MiniLM-L6-v2) and prefixes.
         sections, fallback_sections, max_context_chars: the context rule (:class:`ContextRule`).
         date_filter: hide records dated after the query paper.
         near_duplicate_threshold: n-gram overlap at which a record counts as a copy of the query.
@@ -136,6 +157,10 @@ class ArxivRefsEnv(ToolEnv):
         *,
         collection: str | Path | None = None,
         backend: str = "default",
+        retriever: str = "bm25",
+        encoder: str | Path | None = None,
+        query_prefix: str | None = None,
+        passage_prefix: str | None = None,
         sections: str = DEFAULT_SECTIONS,
         fallback_sections: str = DEFAULT_FALLBACK,
         max_context_chars: int = 6_000,
@@ -163,6 +188,10 @@ class ArxivRefsEnv(ToolEnv):
             )
         self._shared = _shared(path, records, backend, rule, date_filter, near_duplicate_threshold, unlinked)
         self.collection = self._shared.collection
+        self.retriever = RetrieverSettings.from_args(
+            retriever, backend, encoder, query_prefix, passage_prefix
+        )
+        self._index = self._shared.index if retriever == "bm25" else _retriever(self._shared, self.retriever)
         self.selection = select_split(self._shared.tasks, split)
         self.split = split
         self.tasks = list(self.selection.tasks)
@@ -175,7 +204,7 @@ class ArxivRefsEnv(ToolEnv):
 
     def provenance(self) -> dict[str, Any]:
         """The collection's search index and how many ids the leak rules ban (for run manifests)."""
-        return {"index": self._shared.index.provenance, "banned": sum(map(len, self._shared.banned.values()))}
+        return {"index": self._index.provenance, "banned": sum(map(len, self._shared.banned.values()))}
 
     def _choose_task(self, options: dict[str, Any]) -> Task:
         self.selection.check_options(options)  # a task id of the other split: say so
@@ -196,7 +225,7 @@ class ArxivRefsEnv(ToolEnv):
         # task with more banned ids than that gets fewer than k only if nearly all its top hits are banned.
         fetch = min(k + len(banned), len(self.collection.records), INDEX_MAX_K)
         with self._shared.lock:
-            hits = self._shared.index.search(query, fetch)
+            hits = self._index.search(query, fetch)
         allowed = [h.doc_id for h in hits if h.doc_id not in banned][:k]
         return [self.collection.records[cid] for cid in allowed]
 
@@ -241,8 +270,13 @@ class ArxivRefsEnv(ToolEnv):
         # NOTE: v0's search_papers schema states k's range and not its default (the prompt is part of
         # the environment's version).
         k_range = {"k": {"minimum": 1, "maximum": MAX_K}}
+        search_tool = FunctionTool.from_function(search_papers, constraints=k_range, show_defaults=False)
+        ranking = _RANKING[self.retriever.retriever]
+        search_tool = replace(
+            search_tool, description=search_tool.description.replace("(BM25 over", f"({ranking} over")
+        )
         return [
-            FunctionTool.from_function(search_papers, constraints=k_range, show_defaults=False),
+            search_tool,
             FunctionTool.from_function(read_paper),
             FunctionTool.from_function(submit, terminal=True),
         ]

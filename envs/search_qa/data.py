@@ -4,8 +4,8 @@ Questions are grouped by the document that answers them (``gold_doc``) and a gro
 the hash rule of :mod:`toolgym.splits` (namespace :data:`SPLIT_NAMESPACE`, key ``doc:<gold_doc>``,
 test fraction :data:`TEST_FRACTION`); a record without ``gold_doc`` is its own group (key
 ``question:<id>``), and a record may carry its own ``"split"``. The index over a corpus is built once
-per (corpus, backend) and cached on disk by the index layer; :func:`shared_index` shares it between
-every environment of a process.
+per (corpus, retriever settings) and cached on disk by the index layer; :func:`shared_index` shares it
+between every environment of a process.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from toolgym.core import Task
 from toolgym.data import UniqueIds, iter_records
 from toolgym.errors import ConfigError
 from toolgym.splits import SplitItem, assign_splits, label_tasks, record_split
+from toolgym.tools.search.retriever import RetrieverSettings
 
 __all__ = [
     "PROMPT",
@@ -142,15 +143,15 @@ def load_corpus(path: str | Path) -> list[dict[str, str]]:
     return docs
 
 
-_INDEXES: dict[tuple[str, str], Any] = {}
+_INDEXES: dict[tuple[str, RetrieverSettings], Any] = {}
 _INDEX_LOCK = threading.Lock()
 
 
-def shared_index(key: str, backend: str, docs_factory: Any) -> Any:
-    """One index per (corpus, backend) per process; the index layer caches it on disk."""
-    from toolgym.tools.search.index import build_index
+def shared_index(key: str, settings: RetrieverSettings, docs_factory: Any) -> Any:
+    """One index per (corpus, retriever settings) per process; the index layer caches it on disk."""
+    from toolgym.tools.search.retriever import open_retriever
 
     with _INDEX_LOCK:
-        if (key, backend) not in _INDEXES:
-            _INDEXES[(key, backend)] = build_index(docs_factory(), backend=backend)
-        return _INDEXES[(key, backend)]
+        if (key, settings) not in _INDEXES:
+            _INDEXES[(key, settings)] = open_retriever(docs_factory, settings)
+        return _INDEXES[(key, settings)]

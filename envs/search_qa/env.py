@@ -20,6 +20,7 @@ from toolgym.envs.search_qa.verifier import ExactMatchVerifier
 from toolgym.errors import ConfigError, ToolCallError
 from toolgym.parsing import format_tool_call
 from toolgym.splits import check_split, select_split
+from toolgym.tools.search.retriever import RetrieverSettings
 
 __all__ = ["MAX_K", "SNIPPET_CHARS", "SearchQAEnv"]
 
@@ -37,7 +38,13 @@ class SearchQAEnv(ToolEnv):
             built-in documents, so scoring them against another corpus would be silently wrong.
         split: ``"train"``, ``"test"`` or ``"all"`` (default: every question);
             see the module docstring for the rule.
-        backend: search backend, ``"default"`` (in-process BM25) or ``"pyserini"`` (Lucene).
+        backend: the BM25 engine, ``"default"`` (in-process BM25) or ``"pyserini"`` (Lucene).
+        retriever: ``"bm25"`` (default), ``"dense"`` (a sentence encoder's inner product) or
+            ``"hybrid"`` (both, fused by reciprocal rank); see :mod:`toolgym.tools.search.retriever`.
+        encoder: the dense encoder's directory (``dense`` and ``hybrid``); default: the shipped
+            all-MiniLM-L6-v2.
+        query_prefix, passage_prefix: the encoder's prefixes when its model card asks for them (e5:
+            ``"query: "``, ``"passage: "``); default: the encoder's own, else none.
         metric: ``"em"`` (default) or ``"f1"`` as the reward; both are logged.
         max_turns: assistant turns before truncation.
         demonstration: show one worked first turn (a question outside the data) before the task.
@@ -52,6 +59,10 @@ class SearchQAEnv(ToolEnv):
         *,
         split: str = "all",
         backend: str = "default",
+        retriever: str = "bm25",
+        encoder: str | Path | None = None,
+        query_prefix: str | None = None,
+        passage_prefix: str | None = None,
         metric: str = "em",
         max_turns: int = 6,
         demonstration: bool = True,
@@ -61,6 +72,7 @@ class SearchQAEnv(ToolEnv):
         self.show_demonstration = demonstration
         self.verifier = ExactMatchVerifier(metric)
         check_split(split)
+        search = RetrieverSettings.from_args(retriever, backend, encoder, query_prefix, passage_prefix)
         if corpus is not None and questions is None:
             raise ConfigError(
                 f"corpus={str(corpus)!r} was given without questions=: the built-in XQuAD questions "
@@ -73,17 +85,18 @@ class SearchQAEnv(ToolEnv):
         self.split = split
         self.tasks = list(self.selection.tasks)
         if corpus is None:
-            self.index = shared_index("default", backend, default_corpus)
+            self.index = shared_index("default", search, default_corpus)
         else:
             path = Path(corpus).resolve()
-            self.index = shared_index(str(path), backend, lambda: load_corpus(path))
+            self.index = shared_index(str(path), search, lambda: load_corpus(path))
         self._tool_list = self._make_tools()
 
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
         return self._tool_list
 
     def provenance(self) -> dict[str, Any]:
-        """The search index behind the tools (for run manifests)."""
+        """The search index behind the tools (for run manifests): for a dense or hybrid retriever, the
+        encoder's hash and settings and the fusion rule, so runs of two retrievers never compare."""
         return {"index": self.index.provenance}
 
     def _choose_task(self, options: dict[str, Any]) -> Task:

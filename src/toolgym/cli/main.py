@@ -174,6 +174,15 @@ def _parser() -> argparse.ArgumentParser:
     b = isub.add_parser("build", help="build (or reuse) a cached search index from a JSONL corpus")
     b.add_argument("--corpus", type=Path, required=True, help='JSONL, one {"id", "title", "text"} per line')
     b.add_argument("--backend", default="default", help="default (in-process BM25) or pyserini (Lucene)")
+    b.add_argument(
+        "--retriever",
+        default="bm25",
+        help="bm25, dense (a sentence encoder) or hybrid (both: two indexes, out/bm25 and out/dense)",
+    )
+    b.add_argument("--encoder", default=None, help="dense encoder directory (default: all-MiniLM-L6-v2)")
+    b.add_argument("--query-prefix", default=None, help="prepended to queries (e5: 'query: ')")
+    b.add_argument("--passage-prefix", default=None, help="prepended to passages (e5: 'passage: ')")
+    b.add_argument("--dtype", default="float32", help="dense embeddings: float32 or float16")
     b.add_argument("--out", type=Path, default=None, help="index directory (default: the cache)")
     b.set_defaults(func=cmd_index_build)
 
@@ -397,10 +406,16 @@ def _print_messages(messages: list[dict[str, str]]) -> None:
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
-    from toolgym.tools.search.index import build_command
+    from dataclasses import replace
 
-    path = build_command(args.corpus, args.backend, args.out)
-    print(f"index ready: {path}")
+    from toolgym.tools.search.retriever import RetrieverSettings, retriever_command
+
+    settings = RetrieverSettings.from_args(
+        args.retriever, args.backend, args.encoder, args.query_prefix, args.passage_prefix
+    )
+    settings = replace(settings, dense=replace(settings.dense, dtype=args.dtype))
+    for path in retriever_command(args.corpus, settings, args.out):
+        print(f"index ready: {path}")
     return 0
 
 
