@@ -4,6 +4,11 @@ Usage::
 
     python bench/retrieval.py [--part shipped|scale|all] [--scale 100000] [--encoder DIR] [--smoke]
                               [--json FILE]
+    python bench/retrieval.py --agents RUN_BM25 RUN_OTHER [...]
+
+``--agents`` takes ``toolgym eval`` run directories that differ only in the retriever (``--env-arg
+retriever=dense``, ...) and prints each one's paired reward difference against the first, per track and
+pooled (``toolgym compare`` refuses such a pair by design: its manifests differ in the retriever).
 
 What is measured, in one process, for each retriever (BM25: the default backend; dense: the encoder,
 exact inner product, and HNSW where the collection is large enough; hybrid: RRF, k = 60, depth 100):
@@ -189,8 +194,10 @@ def scaled_corpus(base: list[dict[str, str]], total: int) -> list[dict[str, str]
     if needed <= 0:
         return base[:total]
     paragraphs = _paragraphs()
-    words = sum(len(text.split()) for _, text in paragraphs)
-    window = max(4, words // needed)
+    lengths = [len(text.split()) for _, text in paragraphs]
+    window = max(4, sum(lengths) // needed)
+    while window > 4 and sum(n // window for n in lengths) < needed:
+        window -= 1  # each paragraph's last partial window is dropped
     passages = []
     for title, text in paragraphs:
         tokens = text.split()
@@ -221,6 +228,43 @@ def _table(title: str, result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Environment arguments that choose the retriever: the only ones ``--agents`` runs may differ in.
+RETRIEVER_ARGS = ("retriever", "encoder", "query_prefix", "passage_prefix")
+
+
+def agents(runs: Sequence[Path]) -> None:
+    """Paired reward differences of eval runs that differ only in the retriever (module docstring)."""
+    from toolgym.agents.eval_runs import COMPARE_FIELDS, load_eval_run, paired_rewards, pooled_comparison
+    from toolgym.agents.evaluate import paired_bootstrap
+
+    base = load_eval_run(runs[0])
+    for path in runs[1:]:
+        other = load_eval_run(path)
+        for name in COMPARE_FIELDS:
+            mine, theirs = getattr(base.settings, name), getattr(other.settings, name)
+            if name == "env_kwargs":
+                mine = {k: v for k, v in mine.items() if k not in RETRIEVER_ARGS}
+                theirs = {k: v for k, v in theirs.items() if k not in RETRIEVER_ARGS}
+            if mine != theirs:
+                raise SystemExit(
+                    f"{base.label} and {other.label} differ in {name}, not only in the retriever"
+                )
+        retriever = other.settings.env_kwargs.get("retriever", "bm25")
+        print(
+            f"{other.label} ({retriever}) - {base.label} ({base.settings.env_kwargs.get('retriever', 'bm25')}):"
+        )
+        for harness in base.settings.harnesses:
+            a, b, dropped = paired_rewards(base.trajectories[harness], other.trajectories[harness])
+            mean, low, high = paired_bootstrap(a, b)
+            print(
+                f"  {harness}: n={len(a)} {sum(a) / len(a):.3f} -> {sum(b) / len(b):.3f}, "
+                f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] (dropped {dropped})"
+            )
+        if len(base.settings.harnesses) > 1:
+            pooled = pooled_comparison(base, other)
+            print(f"  pooled: n={pooled.n} {pooled.diff:+.3f} [{pooled.low:+.3f}, {pooled.high:+.3f}]")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("shipped", "scale", "all"), default="all")
@@ -228,7 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--encoder", default=None, help="encoder directory (default: all-MiniLM-L6-v2)")
     parser.add_argument("--smoke", action="store_true", help="40 questions, 2,000 documents: a quick check")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--agents", type=Path, nargs="+", default=None, help="eval runs to pair (see above)")
     args = parser.parse_args(argv)
+    if args.agents is not None:
+        agents(args.agents)
+        return 0
     from toolgym.envs.search_qa import default_corpus
 
     dense = DenseSettings(encoder=args.encoder)
