@@ -27,6 +27,7 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     _exit_cleanly_on_sigterm()
     trackers = Trackers()
     progress = RunProgress()
+    served = None  # the run's vLLM engine, when the held-out evaluation takes it over
     try:
         progress.line(f"loading the policy ({config.policy.kind}) and {len(config.envs)} environment(s)")
         trainer = Trainer(
@@ -41,19 +42,30 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
             asyncio.run(trainer.run())
             train_ids = list(trainer.task_ids)  # the warm start samples these too
             step, warm_started = trainer.step, trainer.warm_started
+            from toolgym.training.heldout_run import can_share_engine
+
+            if can_share_engine(config, trainer.policy):
+                served = trainer.policy
         finally:
-            trainer.close()  # frees the learner before the held-out evaluation loads its policies
+            trainer.close(keep_policy=served is not None)
+        del trainer  # the learner's model and optimizer state go before the held-out policies load
         if config.heldout.n:
             from toolgym.training.heldout import heldout_table
             from toolgym.training.heldout_run import run_heldout
 
             progress.line(
                 f"held-out evaluation: up to {config.heldout.n} tasks of split {config.heldout.split!r}"
+                + (" (on the training run's engine)" if served is not None else "")
             )
-            summary = asyncio.run(run_heldout(config, out_dir, train_ids, warm_started=warm_started))
+            summary = asyncio.run(
+                run_heldout(config, out_dir, train_ids, warm_started=warm_started, served=served)
+            )
+            served = None  # the evaluation closed it
             print(heldout_table(summary))
             _track_heldout(trackers, step, summary)
     finally:
+        if served is not None:
+            served.close()
         trackers.close()
     return Path(out_dir)
 

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from toolgym.core import TaskToolEnv
 
-__all__ = ["find_reusable", "run_heldout"]
+__all__ = ["can_share_engine", "find_reusable", "run_heldout"]
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,19 @@ _SAME = ("env_id", "env_kwargs", "harnesses", "task_ids", "seeds", "max_total_to
 
 
 def _factories(
-    specs: Mapping[str, str], engine: str, config: Any, *, seed: int, max_model_len: int
+    specs: Mapping[str, str],
+    engine: str,
+    config: Any,
+    *,
+    seed: int,
+    max_model_len: int,
+    served: Any = None,
 ) -> dict[str, Any]:
-    """The policy factories of the held-out evaluations (one shared engine with vLLM; see the module)."""
+    """The policy factories of the held-out evaluations (one shared engine with vLLM; see the module).
+
+    ``served``: the training run's own vLLM policy, still running (:func:`can_share_engine`); the
+    base model's weights are loaded into it first, and it serves every arm instead of a new engine.
+    """
     from toolgym.agents.exports import resolve_run_export
     from toolgym.agents.specs import PolicyFactory, parse_policy_spec, policy_factory
 
@@ -50,7 +60,17 @@ def _factories(
             device=config.policy.learner_device,
         )
 
-    base = make(specs["base"])
+    if served is not None and engine == "vllm":
+        base_spec = parse_policy_spec(specs["base"])
+
+        def base_weights() -> Any:
+            weights = Path(base_spec.describe()["model_dir"]) / "model.safetensors"
+            served.load_weights(weights, version=served.policy_version + 1)
+            return served
+
+        base = PolicyFactory(base_spec, base_weights)
+    else:
+        base = make(specs["base"])
     if engine != "vllm":
         return {"base": base, **{label: make(spec) for label, spec in specs.items() if label != "base"}}
 
@@ -107,13 +127,41 @@ def find_reusable(
     return None
 
 
+def can_share_engine(config: Any, policy: Any) -> bool:
+    """Whether the training run's vLLM ``policy`` may serve the held-out evaluation in place of a new
+    engine: it must be the engine the evaluation would start (the same base model, float32, the
+    evaluation's context length, every core serving, no extra engine settings), so the numbers are
+    the ones a fresh engine gives (a test compares them)."""
+    hc, pc = config.heldout, config.policy
+    engine = hc.engine or ("vllm" if pc.kind == "vllm" else "hf")
+    budget = hc.max_total_tokens or config.env.max_total_tokens
+    return (
+        bool(hc.n)
+        and pc.kind == "vllm"
+        and engine in ("vllm", "auto")
+        and pc.dtype == "float32"
+        and pc.max_model_len == budget
+        and pc.cpu_reserved == 0
+        and not pc.kv_cache_gib
+        and not pc.engine_kwargs
+        and getattr(policy, "max_model_len", None) == budget
+    )
+
+
 async def run_heldout(
-    config: Any, run_dir: str | Path, train_task_ids: Sequence[str], *, warm_started: bool = False
+    config: Any,
+    run_dir: str | Path,
+    train_task_ids: Sequence[str],
+    *,
+    warm_started: bool = False,
+    served: Any = None,
 ) -> dict[str, Any]:
     """Evaluate base, control (when the run warm-started) and trained; write and return the table.
 
     A run killed during its held-out evaluation picks up where it stopped when ``toolgym train`` is
-    run again (each evaluation directory resumes).
+    run again (each evaluation directory resumes). ``served``: the training run's vLLM policy, when
+    :func:`can_share_engine` allows it; the evaluation takes it over (and closes it), which saves an
+    engine start.
     """
     import gymnasium
 
@@ -172,7 +220,10 @@ async def run_heldout(
                 (out / "reused_from.txt").write_text(f"{source}\n", encoding="utf-8")
                 reused[label] = str(source)
                 log.info("held-out evaluation of %s: reused %s", label, source)
-    factories = _factories(specs, engine, config, seed=hc.seed, max_model_len=budget)
+    if served is not None and engine != "vllm":
+        served.close()  # no engine to share: the evaluation runs on transformers
+        served = None
+    factories = _factories(specs, engine, config, seed=hc.seed, max_model_len=budget, served=served)
     try:
         for label, spec in specs.items():
             if label in reused:

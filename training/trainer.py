@@ -246,11 +246,12 @@ class Trainer:
         for name in set(LOG_FILES) - set(state["log_sizes"]):  # a log newer than the checkpoint
             truncate_to(self.run_dir / name, 0)
 
-    def close(self) -> None:
-        """Release the weight-sync folder, and the policy when this trainer built it. Idempotent."""
+    def close(self, *, keep_policy: bool = False) -> None:
+        """Release the weight-sync folder, and the policy when this trainer built it (unless
+        ``keep_policy``: the caller takes it over, e.g. the held-out evaluation its vLLM engine). Idempotent."""
         if self.weight_sync is not None:
             self.weight_sync.close()
-        if self._owns_policy and isinstance(self.policy, Closable):
+        if self._owns_policy and not keep_policy and isinstance(self.policy, Closable):
             self.policy.close()
 
     def resume(self) -> bool:
