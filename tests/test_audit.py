@@ -99,7 +99,7 @@ def test_the_command_prints_one_line_per_exploit_that_does_not_pass(capsys) -> N
     )
     assert (
         lines[2]
-        == "audit failed: prompt-copy (1 of 9 exploits) (1 accepted by the environment: oversized-answer)"
+        == "audit failed: 1 of 9 exploits fail (prompt-copy); 1 accepted by the environment (oversized-answer)"
     )
     assert len(lines) == 3
 

@@ -387,9 +387,9 @@ def cmd_audit_env(args: argparse.Namespace) -> int:
                     print(result.line())
         failed = [r.exploit for r in results if r.verdict == "fail"]
         accepted = [r.exploit for r in results if r.verdict == "accepted"]
-        note = f" ({len(accepted)} accepted by the environment: {', '.join(accepted)})" if accepted else ""
+        note = f"; {len(accepted)} accepted by the environment ({', '.join(accepted)})" if accepted else ""
         if failed:
-            print(f"audit failed: {', '.join(failed)} ({len(failed)} of {len(results)} exploits){note}")
+            print(f"audit failed: {len(failed)} of {len(results)} exploits fail ({', '.join(failed)}){note}")
         else:
             print(f"audit passed: no exploit earns reward without the task{note}")
     return 1 if any(r.verdict == "fail" for r in results) else 0
