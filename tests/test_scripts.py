@@ -64,6 +64,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/async_rollouts.py",
         "bench/sandbox.py",
         "bench/sandbox_load.py",
+        "bench/retrieval.py",
         "bench/search.py",
         "bench/search_scale.py",
         "bench/serve.py",
@@ -206,3 +207,45 @@ def test_sandbox_image_module_keeps_the_built_image():
     need_docker()
     out = run("-m", "toolgym.tools.sandbox.image")
     assert "already exists" in out
+
+
+@pytest.mark.slow
+def test_bench_retrieval_and_its_agent_pairing(tiny_encoder, tmp_path, monkeypatch):
+    """--smoke with the tiny encoder (every part: SearchQA, ArxivRefs, a scale run with an HNSW graph),
+    then --agents over two scripted evaluations that differ only in the retriever."""
+    import json
+
+    from toolgym.envs.search_qa import default_corpus, default_questions
+
+    monkeypatch.setenv("TOOLGYM_CACHE", str(tmp_path / "cache"))
+    out = run("bench/retrieval.py", "--smoke", "--encoder", tiny_encoder)
+    assert "| dense (exact) |" in out and "| dense (hnsw) |" in out and "hnsw_recall@10_vs_exact" in out
+    assert "| hybrid (rrf) |" in out and "| hybrid (rrf, hnsw) |" in out and "load average" in out
+
+    corpus, questions = tmp_path / "docs.jsonl", tmp_path / "questions.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in default_corpus()[:40]))
+    rows = [
+        {
+            "id": t.id,
+            "question": t.metadata["question"],
+            "answers": t.reference,
+            "gold_doc": t.metadata["gold_doc"],
+        }
+        for t in default_questions()
+        if t.metadata["gold_doc"] < "xq0040"
+    ][:4]
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = [
+        "--env",
+        "toolgym/SearchQA-v0",
+        "--env-arg",
+        f"corpus={corpus}",
+        "--env-arg",
+        f"questions={questions}",
+    ]
+    common += ["--policy", "scripted", "--harness", "bare,scaffold", "--n", "4"]
+    run("-m", "toolgym.cli", "eval", *common, "--out", tmp_path / "bm25")
+    dense = ["--env-arg", "retriever=dense", "--env-arg", f"encoder={tiny_encoder}"]
+    run("-m", "toolgym.cli", "eval", *common, *dense, "--out", tmp_path / "dense")
+    out = run("bench/retrieval.py", "--agents", tmp_path / "bm25", tmp_path / "dense")
+    assert "(dense) -" in out and "bare: n=4" in out and "pooled: n=4" in out
