@@ -11,6 +11,8 @@ Each idea lives in its own module, and the package re-exports the public names:
   papers: id, title, abstract, authors, date, venue, ids), read as given.
 - :mod:`toolgym.tools.papers.collection`: the de-duplicated collection (merge rules, stable ids).
 - :mod:`toolgym.tools.papers.copies`: near-duplicate detection (records that copy a paper's text).
+- :mod:`toolgym.tools.papers.store`: a collection on disk, opened memory-mapped (records decoded on
+  access), so a process that finds one stored skips building it.
 
 ``DEFAULT_CORPUS``, ``MARKER`` and ``ParsedReference`` are importable here too, outside ``__all__``.
 """
@@ -38,6 +40,7 @@ from toolgym.tools.papers.markers import iter_citations, render_markers
 from toolgym.tools.papers.records import CollectionRecord, load_records, parse_date
 from toolgym.tools.papers.refs import ParsedReference as ParsedReference
 from toolgym.tools.papers.refs import parse_reference
+from toolgym.tools.papers.store import RecordStore, open_collection, write_collection
 
 __all__ = [
     "BibEntry",
@@ -45,6 +48,7 @@ __all__ = [
     "CollectionRecord",
     "Paragraph",
     "PaperRecord",
+    "RecordStore",
     "SourcePaper",
     "build_collection",
     "default_corpus_path",
@@ -56,8 +60,10 @@ __all__ = [
     "normalise_doi",
     "normalise_openalex_id",
     "normalise_title",
+    "open_collection",
     "parse_date",
     "parse_reference",
     "render_markers",
     "shingles",
+    "write_collection",
 ]
