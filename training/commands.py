@@ -27,7 +27,7 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     _exit_cleanly_on_sigterm()
     trackers = Trackers()
     progress = RunProgress()
-    served = None  # the run's vLLM engine, when the held-out evaluation takes it over
+    served: Any = None  # the run's vLLM engine, when the held-out evaluation takes it over
     try:
         progress.line(f"loading the policy ({config.policy.kind}) and {len(config.envs)} environment(s)")
         trainer = Trainer(

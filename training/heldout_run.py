@@ -60,6 +60,7 @@ def _factories(
             device=config.policy.learner_device,
         )
 
+    base: Any  # a PolicyFactory whose policy, with vLLM, is the engine every arm shares
     if served is not None and engine == "vllm":
         base_spec = parse_policy_spec(specs["base"])
 
