@@ -1,10 +1,10 @@
 """The transformers policy: token-in/token-out generation with logprobs, micro-batched, CPU or GPU.
 
 ``HFPolicy()`` with no argument runs the embedded SmolLM2-135M-Instruct (see
-:mod:`toolgym.agents.models`); ``HFPolicy("path/to/dir")`` runs any local Hugging Face causal LM whose
-vocabulary has the ChatML tokens ``<|im_start|>`` and ``<|im_end|>`` as single special tokens (the
-prompt is rendered by :class:`~toolgym.agents.chat.ChatMLTemplate`, not by the model's own chat
-template, which for SmolLM2 ignores tools).
+:mod:`toolgym.agents.models`); ``HFPolicy("path/to/dir")`` runs any local Hugging Face causal LM. Its
+prompts are rendered in the model's chat format (``chat_format="auto"`` picks it from the tokenizer
+and logs which: :mod:`toolgym.agents.chat_formats`); for SmolLM2 and every ChatML model that is
+``hermes``, :class:`~toolgym.agents.chat.ChatMLTemplate` (SmolLM2's own template ignores tools).
 
 Decisions recorded here (each is part of the contract):
 
@@ -13,7 +13,8 @@ Decisions recorded here (each is part of the contract):
   policy an importance ratio needs. Greedy decoding (``temperature == 0``) draws from a point mass
   whose logprob is always 0, which carries no information, so for greedy tokens we record the model's
   own (temperature 1, untruncated) logprob instead.
-* **Ending.** ``finish_reason == "stop"`` when the model samples ``<|im_end|>`` (kept as the last id,
+* **Ending.** ``finish_reason == "stop"`` when the model samples one of its format's end-of-turn
+  tokens (``<|im_end|>`` for ChatML; kept as the last id,
   removed from ``text``) or when the decoded completion contains one of ``SamplingParams.stop``; for a
   stop string every sampled id is kept (so the trained tokens are exactly the sampled ones) and
   ``text`` is the decoded ids, stop string included. ``"length"`` when ``max_tokens`` (capped by the
@@ -63,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.chat import IM_END, IM_START
+from toolgym.agents.chat_formats import resolve_chat_format
 from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
 from toolgym.agents.prefix_cache import PrefixCache
@@ -80,22 +82,32 @@ _SEED_MOD = 2**63 - 1
 class HFTokenizer:
     """A Hugging Face tokenizer seen through :class:`~toolgym.agents.chat.TextTokenizer`.
 
-    ``encode`` adds no BOS/EOS (the chat template writes every special token itself) and maps the
-    ChatML markers to their single ids; ``decode`` keeps special tokens and does no clean-up, so
-    ``decode(encode(text)) == text`` for ordinary text.
+    ``encode`` adds no BOS/EOS (the chat format writes every special token itself) and maps special
+    tokens to their single ids; ``decode`` keeps special tokens and does no clean-up, so
+    ``decode(encode(text)) == text`` for ordinary text. ``stop_tokens`` are the chat format's
+    end-of-turn tokens (default ChatML's ``<|im_end|>``); each must be one token.
     """
 
-    def __init__(self, hf_tokenizer: Any) -> None:
+    def __init__(self, hf_tokenizer: Any, stop_tokens: Sequence[str] = (IM_END,)) -> None:
         self.hf = hf_tokenizer
-        for marker in (IM_START, IM_END):
+        for marker in stop_tokens if tuple(stop_tokens) != (IM_END,) else (IM_START, IM_END):
             ids = hf_tokenizer.encode(marker, add_special_tokens=False)
             if len(ids) != 1:
+                chatml = marker in (IM_START, IM_END)
                 raise ConfigError(
-                    f"the tokenizer encodes {marker!r} as {ids}, not one special token; toolgym's ChatML "
-                    "template needs a model trained on ChatML (SmolLM2, Qwen, Hermes)"
+                    f"the tokenizer encodes {marker!r} as {ids}, not one special token; "
+                    + (
+                        "toolgym's ChatML template needs a model trained on ChatML (SmolLM2, Qwen, Hermes); "
+                        "other models: chat_format = 'auto'"
+                        if chatml
+                        else "an end-of-turn token must be one token"
+                    )
                 )
-        self.im_start_id: int = hf_tokenizer.convert_tokens_to_ids(IM_START)
-        self.eos_token_id: int = hf_tokenizer.convert_tokens_to_ids(IM_END)
+        start = hf_tokenizer.encode(IM_START, add_special_tokens=False)
+        self.im_start_id: int | None = int(start[0]) if len(start) == 1 else None
+        #: the ids that end an assistant turn, the first one the format's own
+        self.stop_ids: tuple[int, ...] = tuple(hf_tokenizer.convert_tokens_to_ids(t) for t in stop_tokens)
+        self.eos_token_id: int = self.stop_ids[0] if self.stop_ids else int(hf_tokenizer.eos_token_id or 0)
         self.pad_token_id: int = (
             hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else self.eos_token_id
         )
@@ -147,12 +159,16 @@ class HFPolicy(ChatPolicy):
         prefix_cache_bytes: most bytes of cached keys/values (default 1 GiB: for SmolLM2 in fp32,
             45 KiB per token, so about 23k tokens, a dozen 2k-token episodes).
         prefix_cache_entries: most cached sequences.
+        chat_format: the chat format (``auto``, a name, ``template`` or ``template:CALLS``; see
+            :mod:`toolgym.agents.chat_formats`).
+        thinking_budget: most reasoning tokens per turn (a format with reasoning markers only).
 
     Attributes:
         model: the torch module (eval mode). A trainer may update its weights in place (under
             ``weights_lock``) and then bump ``policy_version``.
         tokenizer: an :class:`HFTokenizer`.
-        eos_token_id: the id of ``<|im_end|>``, the end of an assistant turn.
+        eos_token_id: the id of the format's end-of-turn token (``<|im_end|>``); ``stop_ids`` all of them.
+        chat_format: the resolved :class:`~toolgym.agents.chat_formats.ChatFormat`.
         policy_version: weight updates seen; stamped on every completion.
         weights_lock: held by the generation worker for the duration of each batch.
         prefix_cache: the :class:`~toolgym.agents.prefix_cache.PrefixCache`, or ``None`` when off.
@@ -173,6 +189,8 @@ class HFPolicy(ChatPolicy):
         prefix_cache: bool = True,
         prefix_cache_bytes: int = 1 << 30,
         prefix_cache_entries: int = 64,
+        chat_format: str = "auto",
+        thinking_budget: int | None = None,
     ) -> None:
         torch, transformers = require_hf("HFPolicy")
         if dtype not in _DTYPES:
@@ -192,7 +210,15 @@ class HFPolicy(ChatPolicy):
         self.model_dir = resolve_model_dir(model)
         start = time.perf_counter()
         hf_tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir)
-        super().__init__(HFTokenizer(hf_tokenizer))
+        tokenizer = HFTokenizer(hf_tokenizer, ())
+        fmt = resolve_chat_format(
+            chat_format,
+            hf_tokenizer,
+            tokenizer=tokenizer,
+            model_dir=self.model_dir,
+            thinking_budget=thinking_budget,
+        )
+        super().__init__(HFTokenizer(hf_tokenizer, fmt.stop_tokens), chat_format=fmt)
         try:
             self.device = torch.device(device)
         except RuntimeError as exc:
@@ -204,6 +230,7 @@ class HFPolicy(ChatPolicy):
         self.model.eval()
         logger.info("loaded %s on %s in %.1f s", self.model_dir, self.device, time.perf_counter() - start)
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.stop_ids = frozenset(self.tokenizer.stop_ids)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
         self.policy_version = 0
         self.max_batch = max_batch
@@ -428,7 +455,7 @@ class HFPolicy(ChatPolicy):
         row.ids.append(token)
         row.logprobs.append(logprob)
         if (
-            token == self.eos_token_id
+            token in self.stop_ids
             or sampling.stop
             and any(s in self.tokenizer.decode(row.ids) for s in sampling.stop)
         ):
@@ -438,7 +465,7 @@ class HFPolicy(ChatPolicy):
         return token
 
     def _completion(self, row: _Row, version: int) -> Completion:
-        ended_on_eos = row.finish == "stop" and row.ids[-1] == self.eos_token_id
+        ended_on_eos = row.finish == "stop" and row.ids[-1] in self.stop_ids
         text = self.tokenizer.decode(row.ids[:-1] if ended_on_eos else row.ids)
         return Completion(
             token_ids=tuple(row.ids),

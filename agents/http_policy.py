@@ -22,6 +22,10 @@ Decisions recorded here (each is part of the contract):
   any model output (arguments that are not JSON are kept verbatim and become a parse error there).
   Tool results go to the server as user turns wrapped in ``<tool_response>`` tags, as in toolgym's
   own chat template (OpenAI ``tool`` messages would need call ids the text transcript does not have).
+* **Chat format.** The server renders with the model's own template and parses its native tool calls
+  (its tool-call parser); toolgym receives OpenAI messages. So the policy's
+  :attr:`HTTPPolicy.chat_format` is ``hermes`` whatever the model: its calls reach the environment
+  written as above, and reasoning a server separates (``reasoning_content``) never reaches it.
 * **Failures.** Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff
   (``backoff_s * 2**attempt``); when the retries run out the call raises
   :class:`~toolgym.errors.PolicyError` (an infrastructure error: the episode is ``infra_error``,
@@ -38,6 +42,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from toolgym.agents.chat_formats import ChatFormat, HermesFormat
 from toolgym.core import Completion, Message, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
 from toolgym.parsing import CLOSE, OPEN, format_tool_response
@@ -196,6 +201,8 @@ class HTTPPolicy:
         self.tokenizer = JsonLinesCodec()
         self.eos_token_id = JsonLinesCodec.eos_token_id
         self.policy_version = 0
+        #: what the rollout reads of the format: calls come back as ``hermes`` text (module docstring)
+        self.chat_format: ChatFormat = HermesFormat()
 
     def render(
         self, messages: Sequence[Message], *, continuation: bool = False, close_turn: bool = False

@@ -31,6 +31,19 @@ NOTE (token fidelity): nothing is re-tokenised. Each segment is one growing toke
 ids go in exactly as sampled, environment and harness text is rendered and tokenised once, when it
 arrives. A compaction's new segment copies the kept turns as their sampled ids (mask 0 there).
 
+NOTE (chat formats): the policy's ``chat_format`` (:mod:`toolgym.agents.chat_formats`) decides three
+things here. Its ``call_format``, when not the default ``hermes``, goes to the environment as the reset
+option ``call_format`` (the environment then lists its tools and parses actions in that syntax). Its
+reasoning (``<think>...</think>``, harmony's analysis channel) is sampled and trained like any text
+but left out of the action the environment steps on, counted in ``tokens/thinking``, and, with a
+``thinking_budget``, capped per turn: the turn is sampled up to the budget, stopping at the block's
+end; a block still open then is closed by the rollout (those tokens are mask 0) and the turn goes on.
+A ``template`` format (the model's own Jinja template) is checked after every turn: when the template
+would render the segment's history differently from its tokens (it rewrites history, e.g. drops
+earlier ``<think>`` blocks), a new segment opens there with the template's rendering
+(``episode/rewrites``), or the episode stops with a ConfigError naming the rewrite (``on_rewrite =
+"refuse"``). Nothing sampled is re-tokenised either way.
+
 NOTE (cut turns): a turn that ends at its token limit (``finish_reason == "length"``) is played as
 sampled, and then nothing more is sampled: the episode stops with ``stop_reason = "turn_truncated"``
 (``token_budget`` when the episode's budget cut it).
@@ -50,6 +63,7 @@ from typing import Any, Literal
 import gymnasium
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 
+from toolgym.agents.chat_formats import ChatFormat, Reasoning
 from toolgym.agents.compaction import Compactor, ContextPlan, TurnRecord
 from toolgym.core import (
     AsyncToolEnv,
@@ -63,6 +77,7 @@ from toolgym.core import (
     sampled_ids_hash,
 )
 from toolgym.errors import ConfigError, InfraError
+from toolgym.parsing import HERMES
 
 __all__ = ["read_trajectories", "run_episode", "user_wrappers", "write_trajectories"]
 
@@ -172,7 +187,11 @@ async def run_episode(
     sampling = sampling or SamplingParams()
     env_id = env_id or (env.spec.id if env.spec is not None else type(driver.base).__name__)
     t_start = time.perf_counter()
-    tape = _Tape(policy, sampling, max_total_tokens)
+    fmt: ChatFormat | None = getattr(policy, "chat_format", None)
+    calls = getattr(fmt, "call_format", HERMES.name)
+    if calls != HERMES.name:  # the environment writes its tool list and parses actions in the model's syntax
+        options = {"call_format": calls, **(options or {})}
+    tape = _Tape(policy, sampling, max_total_tokens, fmt)
     compactor = Compactor(harness.compaction, policy, sampling, max_total_tokens)
     history: list[Message] = []
     metrics: dict[str, float] = {}
@@ -187,6 +206,7 @@ async def run_episode(
         history.extend(start)
         compactor.begin(start)
         tape.append(policy.render(start), 0)
+        tape.segments[-1].messages = list(start)
         for turn in range(1, max_turns + 1):
             if compactor.due(tape.left):
                 compaction = await compactor.compact(tape, turn)
@@ -201,7 +221,11 @@ async def run_episode(
                 break
             completion = await tape.sample(budget)
             history.append({"role": "assistant", "content": completion.text})
-            obs, reward, terminated, truncated, info = await driver.step(completion.text)
+            action = completion.text
+            if fmt is not None and fmt.reasoning is not None:  # reasoning is trained, never parsed
+                action = fmt.split_reasoning(completion.text)[1]
+                tape.thinking += fmt.thinking_tokens(completion.token_ids, completion.text)
+            obs, reward, terminated, truncated, info = await driver.step(action)
             compactor.stepped()
             metrics.update(info.get("metrics", {}))
             cut = completion.finish_reason == "length"
@@ -222,6 +246,11 @@ async def run_episode(
             compactor.shown(
                 TurnRecord(turn, list(completion.token_ids), completion.text, new_messages), len(shown)
             )
+            tape.segments[-1].messages += [history[-1 - len(new_messages)], *new_messages]
+            if fmt is not None and fmt.checks_history:
+                metrics["episode/rewrites"] = metrics.get("episode/rewrites", 0.0) + tape.check_rewrite(
+                    fmt, turn
+                )
     except InfraError as exc:
         status, error, reward, stop_reason = "infra_error", f"{type(exc).__name__}: {exc}", 0.0, "infra_error"
         metrics.update(exc.episode_metrics)
@@ -234,6 +263,10 @@ async def run_episode(
         metrics[f"env/{stop_reason}"] = 1.0
     sampled, total = sum(sum(s.loss_mask) for s in segments), sum(len(s.token_ids) for s in segments)
     metrics.update({"tokens/sampled": float(sampled), "tokens/total": float(total)})
+    if fmt is not None and fmt.reasoning is not None:
+        metrics["tokens/thinking"] = float(tape.thinking)
+        if fmt.thinking_budget:
+            metrics["episode/thinking_cut"] = float(tape.thinking_cut)
     metrics.update(compactor.episode_metrics(len(segments)))
     return Trajectory.from_segments(
         segments,
@@ -271,6 +304,7 @@ class _Sequence:
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)  # what the ids render (not recorded)
 
     def append(self, ids: Sequence[int], mask: int, lps: Sequence[float] | None = None) -> None:
         self.ids.extend(ids)
@@ -302,11 +336,16 @@ class _Tape:
     """The episode's token segments, in order; the last one is open: it grows, and the policy samples
     on it within the per-segment budget. A :class:`~toolgym.agents.compaction.TokenTape`."""
 
-    def __init__(self, policy: Policy, sampling: SamplingParams, max_total_tokens: int) -> None:
+    def __init__(
+        self, policy: Policy, sampling: SamplingParams, max_total_tokens: int, fmt: ChatFormat | None = None
+    ) -> None:
         self.policy, self.sampling, self.max_total_tokens = policy, sampling, max_total_tokens
+        self.fmt = fmt
         self.segments = [_Sequence()]
         self.versions: list[int] = []  # each completion's policy version
         self.seconds = 0.0  # spent sampling
+        self.thinking = 0  # reasoning tokens sampled
+        self.thinking_cut = 0  # reasoning blocks the thinking budget closed
 
     @property
     def left(self) -> int:
@@ -322,15 +361,71 @@ class _Tape:
         """The policy's next turn (at most ``budget`` tokens), appended as sampled."""
         t0 = time.perf_counter()
         limit = replace(self.sampling, max_tokens=min(self.sampling.max_tokens, budget))
-        completion = await self.policy.generate(self.segments[-1].ids, limit)
+        fmt = self.fmt
+        if fmt is not None and fmt.reasoning is not None and fmt.thinking_budget:
+            completion = await self._sample_thinking(limit, fmt, fmt.reasoning, fmt.thinking_budget)
+        else:
+            completion = await self._generate(limit)
         self.seconds += time.perf_counter() - t0
+        return completion
+
+    async def _generate(self, limit: SamplingParams) -> Completion:
+        completion = await self.policy.generate(self.segments[-1].ids, limit)
         self.versions.append(completion.policy_version)
         self.append(completion.token_ids, 1, completion.logprobs)
         return completion
 
+    async def _sample_thinking(
+        self, limit: SamplingParams, fmt: ChatFormat, reasoning: Reasoning, budget: int
+    ) -> Completion:
+        """A turn whose reasoning is capped at ``budget`` tokens (see the module's NOTE on chat formats)."""
+        first = await self._generate(
+            replace(limit, max_tokens=min(limit.max_tokens, budget), stop=(*limit.stop, reasoning.close))
+        )
+        if first.finish_reason == "stop" and not first.text.endswith(reasoning.close):
+            return first  # the turn ended within the budget
+        thought, action = fmt.split_reasoning(first.text)
+        forced, injected = "", []
+        if first.finish_reason == "length" and thought and not action:  # cut inside its reasoning
+            if fmt.tokenizer is None:
+                raise ConfigError(
+                    f"chat format {fmt.name!r} has no tokenizer to close a reasoning block with"
+                )
+            forced, injected = reasoning.forced_close, list(fmt.tokenizer.encode(reasoning.forced_close))
+            self.append(injected, 0)  # NOTE (masks): the rollout's tokens, not the policy's: mask 0
+            self.thinking_cut += 1
+        left = limit.max_tokens - len(first.token_ids) - len(injected)
+        rest = await self._generate(replace(limit, max_tokens=left)) if left > 0 else None
+        return Completion(
+            token_ids=(*first.token_ids, *injected, *(rest.token_ids if rest else ())),
+            logprobs=(*first.logprobs, *(0.0 for _ in injected), *(rest.logprobs if rest else ())),
+            text=first.text + forced + (rest.text if rest else ""),
+            finish_reason=rest.finish_reason if rest else "length",
+            policy_version=min(first.policy_version, rest.policy_version if rest else first.policy_version),
+        )
+
+    def check_rewrite(self, fmt: ChatFormat, turn: int) -> float:
+        """1.0 when a history-rewriting template made the open segment close here (and the next open with
+        the template's rendering of its messages), else 0.0; a ``refuse`` format raises instead."""
+        sequence = self.segments[-1]
+        problem = fmt.rewrite(sequence.messages, sequence.ids)
+        if problem is None:
+            return 0.0
+        if getattr(fmt, "on_rewrite", "segment") == "refuse":
+            raise ConfigError(
+                f"the chat template rewrites the history of turn {turn}: {problem}. toolgym appends turns "
+                "and never re-tokenises them; use one of toolgym's own chat formats, or on_rewrite = 'segment'"
+            )
+        log.debug("turn %d: the chat template rewrites history (%s); a new segment opens", turn, problem)
+        messages = list(sequence.messages)
+        self.trim()
+        self.open(ContextPlan(self.policy.render(messages), messages, 0, 0), start_turn=turn + 1, summary="")
+        return 1.0
+
     def open(self, plan: ContextPlan, *, start_turn: int, summary: str) -> None:
         """Close the open segment; the next one opens with ``plan``'s opening (mask 0)."""
         opened = _Sequence(start_turn, plan.context, plan.dropped_results, plan.dropped_turns, summary)
+        opened.messages = list(plan.context)
         opened.append(plan.ids, 0)
         self.segments.append(opened)
 

@@ -17,8 +17,9 @@ Decisions recorded here (each is part of the contract):
   ``logprobs_mode="processed_logprobs"``, so a sampled token's logprob is taken from the distribution
   it was drawn from (temperature-scaled, top-p truncated and renormalised); a greedy token gets the
   model's own temperature-1 logprob.
-* **Ending.** ``"stop"`` when the model samples ``<|im_end|>`` (kept as the last id, removed from
-  ``text``) or a ``SamplingParams.stop`` string completes; every sampled id is kept and ``text`` is our
+* **Ending.** ``"stop"`` when the model samples an end-of-turn token of its chat format
+  (``<|im_end|>`` for ChatML; :mod:`toolgym.agents.chat_formats`, ``chat_format="auto"`` as for
+  ``HFPolicy``; kept as the last id, removed from ``text``) or a ``SamplingParams.stop`` string completes; every sampled id is kept and ``text`` is our
   tokenizer's decoding of the ids (so it equals what the rollout will append). ``"length"`` otherwise.
 * **Weight updates in place.** :meth:`VLLMPolicy.load_weights` pauses the scheduler in ``keep`` mode
   (in-flight requests are frozen, not aborted), clears the KV and prefix caches (frozen requests are
@@ -57,7 +58,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from toolgym.agents.chat import IM_END
+from toolgym.agents.chat_formats import resolve_chat_format
 from toolgym.agents.hf_policy import HFTokenizer
 from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
@@ -159,10 +160,11 @@ class VLLMPolicy(ChatPolicy):
             turn's context is reused (same tokens, 1.12x the episodes/min: ``bench/README.md``).
         cpu_reserved: CPU only: cores kept from vLLM for the caller (``None``: vLLM's choice; ``0``: all
             serve, 1.66x the eval episodes/min on 2 cores); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` wins.
+        chat_format, thinking_budget: the chat format and reasoning cap, as for ``HFPolicy``.
 
     Attributes:
         tokenizer: an :class:`~toolgym.agents.hf_policy.HFTokenizer` over the model's tokenizer.
-        eos_token_id: the id of ``<|im_end|>``.
+        eos_token_id: the id of the format's end-of-turn token (``<|im_end|>``); ``stop_ids`` all of them.
         policy_version: the version of the weights being served (0 until the first load).
         engine: the ``vllm.v1.engine.async_llm.AsyncLLM`` (runs on its own loop; see ``run``).
     """
@@ -181,6 +183,8 @@ class VLLMPolicy(ChatPolicy):
         enforce_eager: bool | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
         cpu_reserved: int | None = None,
+        chat_format: str = "auto",
+        thinking_budget: int | None = None,
     ) -> None:
         vllm = require_vllm("VLLMPolicy")
         _, transformers = require_hf("VLLMPolicy")
@@ -196,8 +200,17 @@ class VLLMPolicy(ChatPolicy):
         self._vllm = vllm
         self._engine_dead: type[BaseException] = EngineDeadError
         self.model_dir = resolve_model_dir(model)
-        super().__init__(HFTokenizer(transformers.AutoTokenizer.from_pretrained(self.model_dir)))
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir)
+        fmt = resolve_chat_format(
+            chat_format,
+            hf_tokenizer,
+            tokenizer=HFTokenizer(hf_tokenizer, ()),
+            model_dir=self.model_dir,
+            thinking_budget=thinking_budget,
+        )
+        super().__init__(HFTokenizer(hf_tokenizer, fmt.stop_tokens), chat_format=fmt)
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.stop_ids = self.tokenizer.stop_ids
         self.vocab_size = len(self.tokenizer)
         self.max_model_len = max_model_len
         self.on_cpu = bool(current_platform.is_cpu())
@@ -300,7 +313,7 @@ class VLLMPolicy(ChatPolicy):
             top_p=sampling.top_p,
             seed=sampling.seed,
             stop=list(sampling.stop) or None,
-            stop_token_ids=[self.eos_token_id],
+            stop_token_ids=list(self.stop_ids),
             include_stop_str_in_output=True,
             skip_special_tokens=False,
             spaces_between_special_tokens=False,
@@ -337,10 +350,10 @@ class VLLMPolicy(ChatPolicy):
         if out.logprobs is None or len(out.logprobs) != len(ids):
             raise PolicyError("vLLM returned no logprob for some sampled token")
         logprobs = [float(step[t].logprob) for step, t in zip(out.logprobs, ids, strict=True)]
-        text_ids = ids[:-1] if ids and ids[-1] == self.eos_token_id else ids
+        text_ids = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
         text = self.tokenizer.decode(text_ids)
-        if text.endswith(IM_END):  # a stop string can never leave a trailing marker in ``text``
-            text = text[: -len(IM_END)]
+        for marker in self.chat_format.stop_tokens:  # a stop string can never leave a trailing marker
+            text = text.removesuffix(marker)
         versions = [int(span.version) for span in (out.weight_versions or []) if span.end > span.start]
         return Completion(
             token_ids=tuple(ids),

@@ -11,7 +11,9 @@ Episode protocol:
     * ``reset`` returns a system message listing the allowed tools as JSON schemas in the default call
       format, an optional worked example (:meth:`ToolEnv.demonstration`), and the task prompt as the
       last (user) message. ``info["tools"]`` holds the same
-      schemas as structured data (for OpenAI-style servers).
+      schemas as structured data (for OpenAI-style servers). ``options["call_format"]`` (a name in
+      :mod:`toolgym.call_formats`; the rollout passes the policy's) writes the tool list, the worked
+      example and the parsing of every action in that model family's call syntax (default ``hermes``).
     * ``step(action)`` takes the assistant's raw text. A call to a *terminal* tool (``answer``,
       ``submit``) ends the episode, and so does an ``<answer>...</answer>`` tag or, by default, a turn
       with no tool call at all (its text is the answer). Otherwise the observation is one ``tool``
@@ -51,6 +53,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import gymnasium
 
+from toolgym.call_formats import get_call_format, translate_calls
 from toolgym.core import Message, Score, Task, Tool, Verifier, call_tool, tool_schema
 from toolgym.errors import (
     ConfigError,
@@ -60,7 +63,7 @@ from toolgym.errors import (
     VerificationUnavailable,
     did_you_mean,
 )
-from toolgym.parsing import ParsedTurn, parse, tools_system_prompt
+from toolgym.parsing import HERMES, CallFormat, ParsedTurn, parse
 from toolgym.spaces import MessagesSpace, TextSpace
 from toolgym.unlocks import UnlockTracker, announcement, check_rules, parse_rules, split_tools
 
@@ -151,6 +154,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         self._tools: dict[str, Tool] = {}
         self._withheld: dict[str, Tool] = {}  # tools of unlock rules that have not fired yet
         self._unlocks: UnlockTracker | None = None
+        self._calls: CallFormat = HERMES  # the episode's call syntax (options["call_format"])
         self._history: list[Message] = []
         self._turn = 0
         self._done = True
@@ -212,13 +216,14 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             raise ToolgymError("this environment is closed; make a new one")
         await self.close_episode()
         options = dict(options or {})
-        known = ["task_id", "task_index", "tools", "unlocks"]
+        known = ["task_id", "task_index", "tools", "unlocks", "call_format"]
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise ConfigError(
                 f"unknown reset option {unknown[0]!r}.{did_you_mean(unknown[0], known)} "
                 f"Known options: {', '.join(known)}"
             )
+        self._calls = get_call_format(options.get("call_format", HERMES.name))
         self._task = self._choose_task(options)
         tools = {t.name: t for t in await self.episode_tools(self._task)}
         allowed = self._restrict(tools, options.get("tools"))
@@ -231,8 +236,8 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             self._metrics["env/unlocks"] = 0.0
         schemas = [tool_schema(t) for t in shown.values()]
         obs: list[Message] = [
-            {"role": "system", "content": tools_system_prompt(schemas)},
-            *self.demonstration(list(shown)),
+            {"role": "system", "content": self._calls.tools_prompt(schemas)},
+            *translate_calls(self.demonstration(list(shown)), self._calls),
             {"role": "user", "content": self._task.prompt},
         ]
         self._history = copy.deepcopy(obs)
@@ -257,6 +262,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             action,
             {name: t.parameters for name, t in self._tools.items()},
             max_calls=self.max_calls_per_turn,
+            call_format=self._calls,
         )
         obs: list[Message] = []
         for err in parsed.errors:

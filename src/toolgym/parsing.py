@@ -15,6 +15,12 @@ policies read them back out of a rendered transcript with :func:`tool_responses`
 HTTP servers and environments' scripted baselines all use these two functions, so the chat format is
 written down once.
 
+Other model families write calls in other syntaxes (Llama 3's bare JSON, Mistral's ``[TOOL_CALLS]``,
+gpt-oss's harmony recipients). Each syntax is a :class:`CallFormat`: it cuts the calls out of a turn
+(:meth:`CallFormat.split`), writes one (``format_call``) and describes the tools (``tools_prompt``);
+:func:`parse` validates what it cut out, the same way for every syntax. The default is :data:`HERMES`,
+the format above; the others and their registry are in :mod:`toolgym.call_formats`.
+
 The parser and the response format live in the core (not in ``toolgym.agents``) because environments
 parse their actions and may not depend on agents (see ARCHITECTURE.md, "Dependency rule");
 ``toolgym.agents`` re-exports the parser.
@@ -26,13 +32,18 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from toolgym.data import json_error
 from toolgym.errors import ToolParseError, did_you_mean
 
 __all__ = [
+    "HERMES",
+    "CallFormat",
+    "CallKeys",
+    "HermesCalls",
     "ParsedTurn",
+    "RawCall",
     "ToolCall",
     "format_tool_call",
     "format_tool_response",
@@ -65,6 +76,77 @@ class ParsedTurn:
     calls: tuple[ToolCall, ...] = ()
     errors: tuple[ToolParseError, ...] = field(default=())
     answer: str | None = None
+
+
+@dataclass(frozen=True)
+class RawCall:
+    """One call as a syntax cut it out of a turn, not yet validated.
+
+    ``body`` is JSON text: the whole call object (``{"name": ..., "arguments": {...}}``) when ``name`` is
+    None, or only the arguments object when the syntax writes the name outside the JSON (a harmony
+    recipient, Mistral's ``name[ARGS]{...}``).
+    """
+
+    body: str
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class CallKeys:
+    """The keys of a syntax's call object: ``arguments`` (named in error messages), other accepted
+    spellings of it, and keys that are allowed and ignored (an id the model writes)."""
+
+    arguments: str = "arguments"
+    aliases: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+
+
+class CallFormat(Protocol):
+    """A tool-call syntax: how a model family writes calls, and how its tools are shown to it.
+
+    ``split`` is total: it returns the calls it found (unvalidated), the turn's text outside them, and
+    the errors of the syntax itself (an unclosed tag, a call written in another registered syntax);
+    :func:`parse` validates each call. ``format_call`` writes one call as a well-behaved model would
+    (worked examples, scripted policies); ``tools_prompt`` is the system text that lists the tools as
+    this family expects them and shows how to call one. ``name`` is its key in
+    :mod:`toolgym.call_formats`.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def keys(self) -> CallKeys: ...
+
+    def split(self, text: str) -> tuple[list[RawCall], str, list[ToolParseError]]: ...
+
+    def format_call(self, name: str, arguments: Mapping[str, Any]) -> str: ...
+
+    def tools_prompt(self, schemas: list[dict[str, Any]]) -> str: ...
+
+
+@dataclass(frozen=True)
+class HermesCalls:
+    """The default syntax: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen,
+    SmolLM2). Text in another syntax is plain text here, as it always was."""
+
+    name: str = "hermes"
+    keys: CallKeys = CallKeys()
+
+    def split(self, text: str) -> tuple[list[RawCall], str, list[ToolParseError]]:
+        errors: list[ToolParseError] = []
+        bodies, content = _split_blocks(text, errors)
+        return [RawCall(body) for body in bodies], content, errors
+
+    def format_call(self, name: str, arguments: Mapping[str, Any]) -> str:
+        return format_tool_call(name, arguments)
+
+    def tools_prompt(self, schemas: list[dict[str, Any]]) -> str:
+        return tools_system_prompt(schemas)
+
+
+#: The default call format (every environment's, unless the policy's chat format says otherwise).
+HERMES = HermesCalls()
 
 
 def tools_system_prompt(schemas: list[dict[str, Any]]) -> str:
@@ -120,6 +202,7 @@ def parse(
     *,
     max_calls: int = 1,
     max_call_chars: int = MAX_CALL_CHARS,
+    call_format: CallFormat | None = None,
 ) -> ParsedTurn:
     """Parse one assistant turn.
 
@@ -128,12 +211,14 @@ def parse(
         tools: tool name -> JSON schema of its parameters (the tools allowed in this episode).
         max_calls: calls allowed per turn; the first ``max_calls`` valid calls are kept.
         max_call_chars: longest call accepted.
+        call_format: the syntax calls are written in (default :data:`HERMES`).
 
     Returns:
         A :class:`ParsedTurn`. Never raises.
     """
     try:
-        return _parse(text, tools, max_calls=max_calls, max_call_chars=max_call_chars)
+        syntax = HERMES if call_format is None else call_format
+        return _parse(text, tools, max_calls=max_calls, max_call_chars=max_call_chars, syntax=syntax)
     except Exception as exc:  # noqa: BLE001 - the parser is total by contract; this is the one guard
         return ParsedTurn(
             content="", errors=(ToolParseError(f"could not parse the turn ({type(exc).__name__})"),)
@@ -141,7 +226,12 @@ def parse(
 
 
 def _parse(
-    text: str | bytes, tools: Mapping[str, Mapping[str, Any]], *, max_calls: int, max_call_chars: int
+    text: str | bytes,
+    tools: Mapping[str, Mapping[str, Any]],
+    *,
+    max_calls: int,
+    max_call_chars: int,
+    syntax: CallFormat,
 ) -> ParsedTurn:
     if isinstance(text, bytes):
         try:
@@ -163,11 +253,10 @@ def _parse(
             content=text, errors=(ToolParseError("empty turn: write a tool call or an answer"),)
         )
 
-    errors: list[ToolParseError] = []
-    bodies, content = _split_blocks(text, errors)
+    raw_calls, content, errors = syntax.split(text)
     calls: list[ToolCall] = []
-    for body in bodies:
-        call = _parse_call(body, tools, max_call_chars, errors)
+    for raw in raw_calls:
+        call = _parse_call(raw, tools, max_call_chars, errors, syntax.keys)
         if call is not None:
             calls.append(call)
     if len(calls) > max_calls:
@@ -220,39 +309,49 @@ def _split_blocks(text: str, errors: list[ToolParseError]) -> tuple[list[str], s
 
 
 def _parse_call(
-    body: str, tools: Mapping[str, Mapping[str, Any]], max_call_chars: int, errors: list[ToolParseError]
+    raw: RawCall,
+    tools: Mapping[str, Mapping[str, Any]],
+    max_call_chars: int,
+    errors: list[ToolParseError],
+    keys: CallKeys,
 ) -> ToolCall | None:
+    body, args = raw.body, keys.arguments
     if len(body) > max_call_chars:
         errors.append(
             ToolParseError(f"tool call too long ({len(body)} characters; at most {max_call_chars})")
         )
         return None
     body = body.strip()
-    if not body:
-        errors.append(ToolParseError('empty tool call: expected {"name": ..., "arguments": {...}}'))
+    shape = f'{{"name": ..., "{args}": {{...}}}}'
+    if not body and raw.name is None:
+        errors.append(ToolParseError(f"empty tool call: expected {shape}"))
         return None
     try:
-        obj = json.loads(body)
+        # the syntax may write the name outside the JSON: then the body is the arguments (none: {})
+        obj = (
+            json.loads(body)
+            if raw.name is None
+            else {"name": raw.name.strip(), args: json.loads(body or "{}")}
+        )
     except json.JSONDecodeError as exc:
         line = f" of line {exc.lineno}" if exc.lineno > 1 else ""  # a one-line call needs no line number
         errors.append(ToolParseError(f"tool call is not valid JSON: {json_error(exc)}{line}"))
         return None
     if not isinstance(obj, dict):
-        errors.append(
-            ToolParseError(
-                f'tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got {_json_type(obj)}'
-            )
-        )
+        errors.append(ToolParseError(f"tool call must be a JSON object {shape}, got {_json_type(obj)}"))
         return None
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         errors.append(ToolParseError('tool call has no "name" string'))
         return None
-    extra_keys = sorted(set(obj) - {"name", "arguments"})
-    if extra_keys:
+    accepted = (args, *keys.aliases)
+    extra_keys = sorted(set(obj) - {"name", *accepted, *keys.ignored})
+    spelled = [k for k in accepted if k in obj]
+    if extra_keys or len(spelled) > 1:
         errors.append(
             ToolParseError(
-                f"unexpected key(s) {', '.join(map(repr, extra_keys))} in the call; expected only name and arguments",
+                f"unexpected key(s) {', '.join(map(repr, extra_keys or spelled[1:]))} in the call; expected "
+                f"only name and {args}",
                 tool=name,
             )
         )
@@ -262,17 +361,15 @@ def _parse_call(
         available = ", ".join(sorted(tools)) or "none"
         errors.append(ToolParseError(f"unknown tool {name!r}.{hint} Available tools: {available}"))
         return None
-    arguments = obj.get("arguments", {})
+    arguments = obj.get(spelled[0], {}) if spelled else {}
     if isinstance(arguments, str):  # OpenAI style: arguments as a JSON-encoded string
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
-            errors.append(ToolParseError("arguments is a string that is not valid JSON", tool=name))
+            errors.append(ToolParseError(f"{args} is a string that is not valid JSON", tool=name))
             return None
     if not isinstance(arguments, dict):
-        errors.append(
-            ToolParseError(f"arguments must be a JSON object, got {_json_type(arguments)}", tool=name)
-        )
+        errors.append(ToolParseError(f"{args} must be a JSON object, got {_json_type(arguments)}", tool=name))
         return None
     if _has_surrogates(json.dumps(arguments, ensure_ascii=False)):
         errors.append(ToolParseError("arguments contain invalid Unicode (a lone surrogate)", tool=name))
