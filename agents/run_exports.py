@@ -10,7 +10,8 @@ Layout of a run directory::
 
     RUN/checkpoint.pt                     training state (model, optimizer, curriculum, RNG)
     RUN/export/step-000012/               a complete export: config.json, model.safetensors,
-                                          tokenizer files (with :data:`CHAT_TEMPLATE`),
+                                          tokenizer files (a ``hermes`` export's with
+                                          :data:`CHAT_TEMPLATE`; others keep the model's own),
                                           toolgym-export.json (the manifest, written last)
     RUN/export/latest.json                {"step": 12, "dir": "step-000012"}: the newest export
     RUN/export/.step-000013.tmp-...       an export being written (ignored by readers)
@@ -19,8 +20,11 @@ Contract:
     * an export directory appears under its final name only once complete (written in a hidden
       temporary directory and renamed), so a reader never sees half an export;
     * the manifest ``toolgym-export.json`` records the step, the policy version, the base model
-      (name and sha256 of the file it was converted from), the vocabulary size and the ids of the
-      ChatML markers, and every file's size (plus the sha256 of every small file);
+      (name and sha256 of the file it was converted from), the vocabulary size, the chat format it was
+      trained with (``chat_format``, :mod:`toolgym.agents.chat_formats`; absent in older exports:
+      ``hermes``) and the ids of that format's special tokens (``chat_tokens``), and every file's size
+      (plus the sha256 of every small file). A policy loading the export with ``chat_format="auto"``
+      renders in the recorded format;
     * :func:`export_problem` checks all of that from JSON and file headers only (no torch), so a
       corrupt export or one from another model family fails at start-up with a reason, not mid-run.
 """
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.chat import IM_END, IM_START
+from toolgym.agents.chat_formats import CHAT_FORMATS, REQUIRED
 from toolgym.agents.models import file_sha256, safetensors_problem
 from toolgym.errors import ConfigError
 from toolgym.parsing import RESPONSE_CLOSE, RESPONSE_OPEN
@@ -43,6 +48,7 @@ __all__ = [
     "EXPORT_DIR",
     "EXPORT_MANIFEST",
     "LATEST",
+    "chat_tokens",
     "export_problem",
     "list_exports",
     "read_manifest",
@@ -84,6 +90,11 @@ CHAT_TEMPLATE = (
     "{%- if ns.tool -%}{{- '" + IM_START + "user\\n' + ns.tool + '" + IM_END + "\\n' -}}{%- endif -%}"
     "{%- if add_generation_prompt -%}{{- '" + IM_START + "assistant\\n' -}}{%- endif -%}"
 )
+
+
+def chat_tokens(chat_format: str) -> tuple[str, ...]:
+    """The special tokens an export of ``chat_format`` records the ids of (a template format: none)."""
+    return REQUIRED.get(chat_format.partition(":")[0], ())
 
 
 def step_dir_name(step: int) -> str:
@@ -155,12 +166,17 @@ def _tokenizer_problem(directory: Path, manifest: dict[str, Any]) -> str | None:
         return f"config.json has vocab_size {vocab}, the manifest says {manifest.get('vocab_size')}"
     added = {t.get("content"): t.get("id") for t in tokenizer.get("added_tokens", []) if isinstance(t, dict)}
     expected = manifest.get("chat_tokens") or {}
-    for marker in (IM_START, IM_END):
+    chat_format = manifest.get("chat_format", "hermes")
+    if chat_format not in CHAT_FORMATS[1:]:
+        return f"{EXPORT_MANIFEST} records an unknown chat format {chat_format!r}"
+    for marker in chat_tokens(chat_format):
         if marker not in added:
-            return (
-                f"the tokenizer has no {marker!r} token: toolgym's ChatML template needs a model trained "
-                "on ChatML (SmolLM2, Qwen, Hermes)"
-            )
+            if marker in (IM_START, IM_END):
+                return (
+                    f"the tokenizer has no {marker!r} token: toolgym's ChatML template needs a model trained "
+                    "on ChatML (SmolLM2, Qwen, Hermes)"
+                )
+            return f"the tokenizer has no {marker!r} token, which its chat format {chat_format!r} needs"
         token_id = added[marker]
         if (
             expected.get(marker) != token_id

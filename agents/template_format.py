@@ -110,11 +110,8 @@ class TemplateFormat(ChatFormat):
             [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ANSWER}], False
         )
         tail = base[base.index(_ANSWER) + len(_ANSWER) :]
-        stop = max(
-            (t for t in getattr(hf_tokenizer, "all_special_tokens", []) if t and tail.startswith(t)),
-            key=len,
-            default=None,
-        )
+        specials = {*getattr(hf_tokenizer, "all_special_tokens", []), *hf_tokenizer.get_added_vocab()}
+        stop = max((t for t in specials if t and tail.startswith(t)), key=len, default=None)
         if stop is None:
             raise ConfigError(
                 f"the chat template ends an assistant turn with {tail[:20]!r}, not a special token: toolgym "
@@ -131,7 +128,10 @@ class TemplateFormat(ChatFormat):
         ):
             think = Reasoning(THINK.open, THINK.close, THINK.forced_close, opened_by_prompt=THINK.open in gen)
         fmt = replace(fmt, stop_tokens=stops, reasoning=think)
-        problem = fmt._probe()
+        try:
+            problem = fmt._probe()
+        except ConfigError as exc:  # an earlier turn changed as the probe went on
+            problem = str(exc)
         if problem:
             raise ConfigError(
                 f"the chat template fails the prefix check: {problem}; use one of toolgym's own formats"
@@ -166,8 +166,8 @@ class TemplateFormat(ChatFormat):
         cut = base.index(_ANSWER) + len(_ANSWER) + len(self.stop_tokens[0])
         if full[:cut] != base[:cut]:
             raise ConfigError(
-                "the chat template renders an earlier turn differently once more messages follow "
-                f"({base[:cut][-40:]!r} became {full[:cut][-40:]!r}); toolgym cannot append turns with it"
+                "the chat template renders an earlier turn differently once more messages follow ("
+                f"{_difference(base[:cut], full[:cut])}); toolgym cannot append turns with it"
             )
         return full[cut - len(self.stop_tokens[0]) if close_turn else cut :]
 

@@ -112,6 +112,12 @@ class PolicyConfig:
         cpu_reserved: ``vllm`` on CPU only: cores kept from the engine for the learner (-1 = vLLM's
             choice, which keeps one; 0 = every core serves, right when rollouts and learning take
             turns, ``train.max_off_policy_steps = 0``).
+        chat_format: how prompts are rendered and tool calls written (``hf`` and ``vllm``): ``auto``
+            (picked from the tokenizer and logged; ChatML models get ``hermes``), ``hermes``,
+            ``llama3``, ``mistral``, ``harmony``, ``template`` (the model's own chat template) or
+            ``template:CALLS``; exports record it (``environments.md``, "Chat formats").
+        thinking_budget: most reasoning tokens per turn for a model with reasoning markers (``<think>``);
+            0 = no cap.
     """
 
     kind: str = "hf"
@@ -127,6 +133,8 @@ class PolicyConfig:
     learner_device: str = "cpu"
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
     cpu_reserved: int = -1
+    chat_format: str = "auto"
+    thinking_budget: int = 0
 
     def __post_init__(self) -> None:
         kinds = ["hf", "vllm", "tiny"]
@@ -145,6 +153,19 @@ class PolicyConfig:
         if not (self.learner_device == "cpu" or self.learner_device.split(":")[0] == "cuda"):
             raise ConfigError(
                 f"policy.learner_device must be 'cpu' or 'cuda[:N]', got {self.learner_device!r}"
+            )
+        from toolgym.agents.chat_formats import CHAT_FORMATS
+
+        if self.chat_format not in CHAT_FORMATS:
+            raise ConfigError(
+                f"policy.chat_format must be one of {', '.join(CHAT_FORMATS)}, got {self.chat_format!r}."
+                f"{did_you_mean(self.chat_format, CHAT_FORMATS)}"
+            )
+        if self.thinking_budget < 0:
+            raise ConfigError(f"policy.thinking_budget must be >= 0 (0 = no cap), got {self.thinking_budget}")
+        if self.kind == "tiny" and (self.chat_format not in ("auto", "hermes") or self.thinking_budget):
+            raise ConfigError(
+                "policy.kind = 'tiny' renders ChatML (chat_format 'hermes') and has no reasoning"
             )
 
 

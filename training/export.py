@@ -4,7 +4,8 @@ The layout, the manifest and the checks a reader applies are documented in
 :mod:`toolgym.agents.exports` (the reader side, used by ``run:DIR`` policy specs). This module writes:
 
 * :func:`export_model` — one export: ``save_pretrained`` weights (safetensors, the model's dtype),
-  the tokenizer with toolgym's chat template, and ``toolgym-export.json`` last, all in a hidden
+  the tokenizer (with toolgym's ChatML template for a ``hermes`` policy; any other chat format keeps
+  the model's own template, and the manifest records the format), and ``toolgym-export.json`` last, all in a hidden
   temporary directory that is fsynced and renamed into place, then ``latest.json`` (replaced
   atomically), then pruning to the newest ``keep`` exports. A kill at any moment leaves complete
   exports only (plus, at worst, a hidden temporary directory that the next export removes).
@@ -30,12 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from toolgym.agents.chat import IM_END, IM_START
 from toolgym.agents.exports import (
     CHAT_TEMPLATE,
     EXPORT_DIR,
     EXPORT_MANIFEST,
     LATEST,
+    chat_tokens,
     list_exports,
     step_dir_name,
 )
@@ -85,17 +86,21 @@ def export_model(
     policy_version: int | None = None,
     base_model: dict[str, Any] | None = None,
     keep: int = DEFAULT_KEEP,
+    chat_format: str = "hermes",
 ) -> Path:
     """Write ``RUN/export/step-NNNNNN`` atomically, point ``latest.json`` at it, prune old exports.
 
     Args:
         run_dir: the training run directory.
         model: a transformers ``PreTrainedModel`` (anything with ``save_pretrained`` and ``config``).
-        tokenizer: its Hugging Face tokenizer; saved with :data:`~toolgym.agents.exports.CHAT_TEMPLATE`.
+        tokenizer: its Hugging Face tokenizer; saved with :data:`~toolgym.agents.exports.CHAT_TEMPLATE`
+            for ``hermes``, with its own template for any other format.
         step: the optimizer step these weights are from.
         policy_version: the weight version rollouts report for them (default ``step``).
         base_model: what the run started from (see :func:`base_model_info`).
         keep: exports to keep (the newest ones; at least 1).
+        chat_format: the chat format the policy was trained with (its resolved name), recorded so that
+            the export renders the same way wherever it is loaded.
 
     Returns:
         The export directory.
@@ -117,13 +122,15 @@ def export_model(
         state = plain_state_dict(model) if is_lora(model) else None
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
         # NOTE: the tokenizer may be a live policy's; its own template is restored (toolgym renders
-        # prompts with ChatMLTemplate, never with the tokenizer's template).
-        previous, tokenizer.chat_template = tokenizer.chat_template, CHAT_TEMPLATE
+        # prompts with its chat format, never with a template saved here).
+        previous = tokenizer.chat_template
+        if chat_format == "hermes":
+            tokenizer.chat_template = CHAT_TEMPLATE
         try:
             tokenizer.save_pretrained(tmp)
         finally:
             tokenizer.chat_template = previous
-        _write_manifest(tmp, model, tokenizer, step, policy_version, base_model)
+        _write_manifest(tmp, model, tokenizer, step, policy_version, base_model, chat_format)
         _fsync_tree(tmp)
         _replace_dir(tmp, final)
     finally:
@@ -159,6 +166,7 @@ def export_checkpoint(
         policy_version=int(getattr(policy, "policy_version", step)),
         base_model=base_model_info(model_dir),
         keep=keep,
+        chat_format=str(getattr(getattr(policy, "chat_format", None), "name", "hermes")),
     )
 
 
@@ -213,6 +221,11 @@ def export_from_checkpoint(run_dir: str | Path, *, keep: int = DEFAULT_KEEP) -> 
             "config.json names another model than the one it trained"
         ) from None
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    from toolgym.agents.chat_formats import resolve_chat_format
+
+    chat_format = resolve_chat_format(
+        policy_config.get("chat_format", "auto"), tokenizer, model_dir=model_dir
+    )
     return export_model(
         run_dir,
         model,
@@ -221,6 +234,7 @@ def export_from_checkpoint(run_dir: str | Path, *, keep: int = DEFAULT_KEEP) -> 
         policy_version=int(state["policy_version"]),
         base_model=base_model_info(model_dir),
         keep=keep,
+        chat_format=chat_format.name,
     )
 
 
@@ -232,6 +246,7 @@ def _write_manifest(
     step: int,
     policy_version: int | None,
     base_model: dict[str, Any] | None,
+    chat_format: str,
 ) -> None:
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(directory.iterdir()):
@@ -252,7 +267,8 @@ def _write_manifest(
         ],
         "dtype": dtype,
         "vocab_size": int(model.config.vocab_size),
-        "chat_tokens": {m: _token_id(tokenizer, m) for m in (IM_START, IM_END)},
+        "chat_format": chat_format,
+        "chat_tokens": {m: _token_id(tokenizer, m) for m in chat_tokens(chat_format)},
         "files": files,
     }
     (directory / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")

@@ -45,6 +45,8 @@ def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
             gpu_memory_utilization=pc.gpu_memory_utilization,
             engine_kwargs=dict(pc.engine_kwargs),
             cpu_reserved=pc.cpu_reserved if pc.cpu_reserved >= 0 else None,
+            chat_format=pc.chat_format,
+            thinking_budget=pc.thinking_budget or None,
         )
     from toolgym.agents.hf_policy import HFPolicy
 
@@ -57,6 +59,8 @@ def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
         threads=pc.threads or None,
         max_batch=pc.max_batch,
         seed=config.train.seed,
+        chat_format=pc.chat_format,
+        thinking_budget=pc.thinking_budget or None,
     )
 
 
