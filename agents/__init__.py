@@ -1,4 +1,4 @@
-"""toolgym.agents: policies, chat template, harnesses, the rollout loop and evaluation.
+"""toolgym.agents: policies, chat formats, harnesses, the rollout loop and evaluation.
 
 Agents see environments only through the Env contract (a registered id and ``reset``/``step``).
 Public names are imported lazily (:mod:`toolgym.lazy`): ``import toolgym.agents`` imports neither
@@ -18,6 +18,8 @@ _EXPORTS = {
     "RulePolicy": "toolgym.agents.policy",
     "ChatMLTemplate": "toolgym.agents.chat",
     "ByteTokenizer": "toolgym.agents.chat",
+    "ChatFormat": "toolgym.agents.chat_formats",
+    "resolve_chat_format": "toolgym.agents.chat_formats",
     "get_harness": "toolgym.agents.harness",
     "run_episode": "toolgym.agents.rollout",
     "read_trajectories": "toolgym.agents.rollout",
