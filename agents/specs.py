@@ -232,6 +232,7 @@ def policy_factory(
     max_model_len: int = 2048,
     model: str | None = None,
     device: str = "cpu",
+    chat_format: str = "auto",
 ) -> PolicyFactory:
     """Check a spec against what is installed and on disk, and return a factory for its policy.
 
@@ -245,6 +246,8 @@ def policy_factory(
         max_model_len: context the vLLM engine reserves (the episode's token budget, capped by the model).
         model: the served model name for ``http`` specs (when ``spec`` is text).
         device: where a transformers (``hf``) policy runs (``cpu``, ``cuda``, ``cuda:1``).
+        chat_format: a model policy's chat format (:mod:`toolgym.agents.chat_formats`; ``auto``: from
+            the tokenizer, or the format a ``run:`` export recorded).
     """
     if isinstance(spec, str):
         spec = parse_policy_spec(spec, model=model)
@@ -269,14 +272,16 @@ def policy_factory(
             from toolgym.agents.vllm_policy import VLLMPolicy
 
             # NOTE: an evaluation's own process only steps environments, so every core serves
-            return VLLMPolicy(directory, seed=seed, max_model_len=max_model_len, cpu_reserved=0)
+            return VLLMPolicy(
+                directory, seed=seed, max_model_len=max_model_len, cpu_reserved=0, chat_format=chat_format
+            )
 
         return PolicyFactory(spec, build_vllm)
 
     def build_hf() -> Policy:
         from toolgym.agents.hf_policy import HFPolicy
 
-        return HFPolicy(directory, seed=seed, device=device)
+        return HFPolicy(directory, seed=seed, device=device, chat_format=chat_format)
 
     return PolicyFactory(spec, build_hf)
 
