@@ -37,12 +37,12 @@ EXPECTED = {
     "gemma": "template:hermes",
     "gpt-oss": "harmony",
 }
-#: a call-format -> a malformed call in it (for llama3: a well-formed call in another model's format)
+#: a call format -> malformed turns in it (for llama3 also a well-formed call in another model's format)
 MALFORMED = {
-    "hermes": '<tool_call>{"name": "search", "arguments": {"query": </tool_call>',
-    "llama3": format_tool_call("search", {"query": "x"}),
-    "mistral": '[TOOL_CALLS][{"name": "search", "arguments": {"query": 1}}]',
-    "harmony": '<|channel|>commentary to=functions.search <|constrain|>json<|message|>{"query": ',
+    "hermes": ['<tool_call>{"name": "search", "arguments": {"query": </tool_call>'],
+    "llama3": [format_tool_call("search", {"query": "x"}), '{"name": "search", "parameters": {"query": '],
+    "mistral": ['[TOOL_CALLS][{"name": "search", "arguments": {"query": 1}}]'],
+    "harmony": ['<|channel|>commentary to=functions.search <|constrain|>json<|message|>{"query": '],
 }
 THOUGHT = "I should look it up."
 
@@ -87,7 +87,7 @@ async def test_each_architecture_gets_its_format_and_an_episode_round_trips_toke
         calls = get_call_format(fmt.call_format)
         think = reasoning(policy)
         turns = [
-            think + MALFORMED[fmt.call_format],
+            *(think + b for b in MALFORMED[fmt.call_format]),
             think + calls.format_call("search", {"query": "x"}),
             think + calls.format_call("answer", {"answer": "42"}),
         ]
@@ -96,12 +96,12 @@ async def test_each_architecture_gets_its_format_and_an_episode_round_trips_toke
         trajectory = await run_episode(env, policy, get_harness("bare"), seed=0, sampling=SAMPLING)
         assert (trajectory.status, trajectory.stop_reason, trajectory.reward) == ("ok", "answer", 1.0)
         results = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
-        assert results[0].startswith("Error: ") and results[1:] == [
-            "x: x is 42"
-        ]  # the malformed call: an observation
+        bad = len(MALFORMED[fmt.call_format])
+        assert all(r.startswith("Error: ") for r in results[:bad])  # malformed calls: observations
+        assert results[bad:] == ["x: x is 42"]
         if fmt.call_format == "llama3":
             assert "written in the llama3 format" in results[0]  # a call in another model's format
-        assert [m["content"] for m in trajectory.messages if m["role"] == "assistant"][-3:] == [
+        assert [m["content"] for m in trajectory.messages if m["role"] == "assistant"][-len(turns) :] == [
             t.removesuffix("<|call|>") for t in turns
         ]
         check_exact(policy, trajectory)  # three sampled turns
