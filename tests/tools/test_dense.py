@@ -245,3 +245,21 @@ def test_bad_dense_settings_are_config_errors(tiny_encoder, tmp_path):
         DenseSettings(encoder=tiny_encoder, max_tokens=10_000).encoder_info()
     with pytest.raises(ConfigError, match="apply to 'dense' only"):
         build_index(_docs(5), path=tmp_path / "i", dense=DenseSettings())
+
+
+def test_queries_run_on_one_torch_thread_and_restore_the_count(tiny_encoder, monkeypatch):
+    import torch
+
+    encoder = SentenceEncoder(inspect_encoder(tiny_encoder))
+    seen = []
+    forward = encoder._encode
+    monkeypatch.setattr(
+        encoder, "_encode", lambda texts: (seen.append(torch.get_num_threads()), forward(texts))[1]
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        encoder.encode_queries(["Warsaw"])
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

