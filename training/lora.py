@@ -15,7 +15,8 @@ themselves (a resume re-applies LoRA before loading them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,15 @@ from toolgym.errors import ConfigError, MissingDependencyError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LoraSettings", "apply_lora", "is_lora", "plain_state_dict", "trainable_count"]
+__all__ = [
+    "LoraSettings",
+    "apply_lora",
+    "base_weights_trainable",
+    "is_lora",
+    "load_plain_state_dict",
+    "plain_state_dict",
+    "trainable_count",
+]
 
 _ADAPTER = "default"
 
@@ -132,6 +141,49 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             delta = layer.get_delta_weight(_ADAPTER).to(out[weight].dtype)
             out[weight] = out[weight].detach() + delta
     return out
+
+
+def load_plain_state_dict(
+    model: torch.nn.Module, weights: Mapping[str, torch.Tensor]
+) -> tuple[list[str], list[str]]:
+    """Load weights saved under the model's original names (an export, a plain checkpoint) into
+    ``model``, adapters or not: with LoRA injected, each adapted layer's weight goes to its
+    ``base_layer`` (the adapters keep their values). Returns ``(missing, unexpected)`` in the original
+    names, adapters left out, like ``load_state_dict(strict=False)``.
+    """
+    state = model.state_dict()
+    mapped: dict[str, torch.Tensor] = {}
+    unexpected: list[str] = []
+    for key, tensor in weights.items():
+        wrapped = key.removesuffix(".weight") + ".base_layer.weight" if key.endswith(".weight") else key
+        target = wrapped if wrapped in state and wrapped != key else key
+        if target in state:
+            mapped[target] = tensor
+        else:
+            unexpected.append(key)
+    model.load_state_dict(mapped, strict=False)
+    missing = [k.replace(".base_layer.", ".") for k in state if "lora_" not in k and k not in mapped]
+    return missing, unexpected
+
+
+@contextmanager
+def base_weights_trainable(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, train the model's own weights, not its adapters (a no-op without LoRA).
+
+    The warm start is a full fine-tune whether RL then trains adapters or not, so a LoRA run starts
+    from the same warm-started model as a full one: the adapters (``B = 0``: no effect yet) stay
+    frozen here, every other weight trains; afterwards only the adapters train again.
+    """
+    if not is_lora(model):
+        yield
+        return
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" not in name)
+    try:
+        yield
+    finally:
+        for name, param in model.named_parameters():
+            param.requires_grad_("lora_" in name)
 
 
 def trainable_count(params: Sequence[torch.nn.Parameter] | Any) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
+from toolgym.training.lora import base_weights_trainable, load_plain_state_dict
 from toolgym.training.warm_start import (
     WarmStartResult,
     fine_tune,
@@ -71,9 +72,10 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
                 policy_for=policy_for,
             )
         trainer.progress.line(f"warm start: kept {len(kept)} of {len(episodes)} episodes; fine-tuning")
-        losses = await asyncio.to_thread(
-            fine_tune, trainer.model, kept, ws, seed=config.train.seed, lock=trainer._weights_lock
-        )
+        with base_weights_trainable(trainer.model):  # a full fine-tune, adapters or not
+            losses = await asyncio.to_thread(
+                fine_tune, trainer.model, kept, ws, seed=config.train.seed, lock=trainer._weights_lock
+            )
         result = summarize(episodes, kept, losses, started, tools=tuple(tools))
     with trainer._weights_lock:
         if trainer.weight_sync is not None:
@@ -137,7 +139,7 @@ def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) ->
             "Reuse a run made with this config's [warm_start], or drop warm_start.reuse to warm-start here"
         )
     weights = load_file(str(export / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing, unexpected = load_plain_state_dict(model, weights)  # into a LoRA model's base layers too
     if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
         raise ConfigError(
             f"warm_start.reuse: {export}'s weights do not fit this model ({(missing + unexpected)[:3]})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from builders import tiny_overrides
 
 from toolgym.errors import ConfigError
-from toolgym.training.config import load_config
+from toolgym.training.config import load_config, to_dict
 from toolgym.training.lora import LoraSettings, apply_lora, is_lora, plain_state_dict, trainable_count
 from toolgym.training.tiny_policy import tiny_model
 from toolgym.training.trainer import Trainer
@@ -76,3 +77,65 @@ async def test_a_lora_training_run_moves_the_adapters_only(tmp_path: Path) -> No
         assert all(torch.equal(dict(resumed.model.named_parameters())[n], p) for n, p in params.items())
     finally:
         resumed.close()
+
+
+WARM = ["warm_start.samples=4", "warm_start.min_reward=0.0", "warm_start.epochs=1", "warm_start.lr=0.01"]
+
+
+async def _warm_started(run: Path, *extra: str) -> Trainer:
+    """A tiny trainer after its warm start alone (no RL step); the caller closes it."""
+    from toolgym.training.rollouts import env_factory
+    from toolgym.training.warm_start_phase import run_warm_start
+
+    trainer = Trainer(load_config(None, [*tiny_overrides(steps=1), *WARM, *extra]), run)
+    make, free = env_factory("asyncio", trainer.config.env.id, dict(trainer.config.env.kwargs))
+    try:
+        await run_warm_start(trainer, make)
+    finally:
+        free()
+    assert json.loads((run / "warm_start.json").read_text())["kept"] > 0
+    return trainer
+
+
+async def test_a_lora_run_warm_starts_the_whole_model_as_a_full_run_does(tmp_path: Path) -> None:
+    """The warm start is a full fine-tune whether RL then trains adapters or not: a LoRA run's
+    warm-started weights equal a full run's, its adapters are untouched by it, and only they train
+    afterwards."""
+    full = await _warm_started(tmp_path / "full")
+    full.close()
+    lora = Trainer(load_config(None, [*tiny_overrides(steps=1), *WARM, "train.lora_rank=4"]), tmp_path / "x")
+    adapters = {n: p.detach().clone() for n, p in lora.model.named_parameters() if "lora_" in n}
+    lora.close()
+    lora = await _warm_started(tmp_path / "lora", "train.lora_rank=4")
+    lora.close()
+    assert all(torch.equal(p, adapters[n]) for n, p in lora.model.named_parameters() if "lora_" in n)
+    trainable = [n for n, p in lora.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable), "only the adapters train after it"
+    ours, theirs = plain_state_dict(lora.model), full.model.state_dict()
+    init = tiny_model(hidden=32, layers=2, seed=0).state_dict()
+    assert set(ours) == set(theirs)
+    assert any(not torch.equal(theirs[k], init[k]) for k in theirs if k in init), "the warm start trained"
+    assert all(float((ours[k] - theirs[k]).abs().max()) < 1e-6 for k in ours)
+
+
+async def test_a_lora_run_reuses_a_full_runs_warm_start(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    full = await _warm_started(tmp_path / "full")
+    full.close()
+    warm = {k: v.detach().clone().contiguous() for k, v in full.model.state_dict().items()}
+    export = tmp_path / "full" / "export" / "step-000000"  # the tiny policy writes no export of its own
+    export.mkdir(parents=True)
+    save_file(warm, str(export / "model.safetensors"))
+    (tmp_path / "full" / "config.json").write_text(json.dumps(to_dict(full.config)))  # run() writes it
+    reuse = f"warm_start.reuse={tmp_path / 'full'}"
+    config = load_config(None, [*tiny_overrides(steps=1), *WARM, reuse, "train.lora_rank=4"])
+    lora = Trainer(config, tmp_path / "lora")
+    try:
+        await lora.run()  # the export goes into the adapted layers' base weights; then adapters train
+    finally:
+        lora.close()
+    base = {n: p for n, p in lora.model.state_dict().items() if "lora_" not in n}
+    assert all(torch.equal(base[k], warm[k.replace(".base_layer.", ".")]) for k in base)
+    merged = plain_state_dict(lora.model)
+    assert any(not torch.equal(merged[k], warm[k]) for k in merged), "the adapters trained after it"
