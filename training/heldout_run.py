@@ -58,6 +58,7 @@ def _factories(
             seed=seed,
             max_model_len=max_model_len,
             device=config.policy.learner_device,
+            chat_format=config.policy.chat_format,  # an export's recorded format wins under auto
         )
 
     base: Any  # a PolicyFactory whose policy, with vLLM, is the engine every arm shares
