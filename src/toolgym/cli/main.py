@@ -199,6 +199,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="TOML config file, or the name of a shipped config (demo)")
     p.add_argument("--out", type=Path, default=Path("runs/train"), help="run directory")
     p.add_argument(
+        "--arms",
+        default=None,
+        help="TOML arms file, or the name of a shipped one (curriculum, compaction, mixtures): train each "
+        "arm into OUT/<arm>, then pair every arm with the baseline arm on the held-out set",
+    )
+    p.add_argument(
         "--backend",
         choices=("asyncio", "ray"),
         default=None,
@@ -216,7 +222,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=1e-5")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("report", help="write RUN_DIR/report.html: curves and a trajectory viewer")
+    p = sub.add_parser(
+        "report",
+        help="write RUN_DIR/report.html: curves and a trajectory viewer (an arms set: every arm's curves "
+        "and the paired table)",
+    )
     p.add_argument("run_dir", type=Path)
     p.set_defaults(func=cmd_report)
 
@@ -439,13 +449,24 @@ def cmd_train(args: argparse.Namespace) -> int:
         from toolgym.records.trackers import parse_trackers
 
         backend.append(f"train.loggers={json.dumps(list(parse_trackers(args.logger)))}")
+    if args.arms is not None:
+        from toolgym.training.arms_run import arms_command
+
+        run_dir = arms_command(args.arms, args.config, [*args.overrides, *backend], args.out)
+        print(f"arms written to {run_dir}; next: toolgym report {run_dir}")
+        return 0
     run_dir = train_command(args.config, [*args.overrides, *backend], args.out)
     print(f"run written to {run_dir}; next: toolgym report {run_dir}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from toolgym.training.arms_report import is_arms_dir, write_arms_report
     from toolgym.training.commands import report_command
+
+    if is_arms_dir(args.run_dir):
+        print(f"report: {write_arms_report(args.run_dir)}")
+        return 0
 
     print(f"report: {report_command(args.run_dir)}")
     return 0

@@ -1,0 +1,153 @@
+"""Running an arms set: every arm as an ordinary ``toolgym train`` run, one after another, resumable.
+
+:func:`arms_command` is ``toolgym train --arms``: it plans the set (:func:`toolgym.training.arms.plan_arms`:
+every refusal happens there, before any model loads), writes ``DIR/arms_plan.json``, trains the arms in
+file order (:func:`run_arms`) and writes the paired results (:mod:`toolgym.training.arms_results`).
+
+Arms run one after another on this machine, not side by side: the first arm's warm start and held-out
+``base``/``control`` evaluations are what the later arms load, and a single CPU machine gains nothing
+from running two learners at once. An arm is finished when its ``DIR/<arm>/arm.json`` says
+``complete`` (written after ``toolgym train`` returned, with its wall time and attempts); a finished arm
+is skipped, an unfinished one is ``toolgym train`` again with the same overrides, which resumes it from
+its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from toolgym.errors import ConfigError
+from toolgym.manifest import manifest_differences, read_run_manifest
+from toolgym.training.arms import PLAN, ArmsPlan, command_line, plan_arms
+from toolgym.training.config import to_dict
+
+__all__ = ["ARM_RECORD", "arms_command", "run_arms"]
+
+ARM_RECORD = "arm.json"
+FORMAT = 1
+
+
+def _read_record(arm_dir: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((arm_dir / ARM_RECORD).read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, TypeError, ValueError):
+        return {}
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def run_arms(plan: ArmsPlan, out_dir: str | Path, *, say: Callable[[str], None] = print) -> Path:
+    """Train every arm of ``plan`` into ``out_dir/<arm>/``, one after another; skip finished arms.
+
+    Returns ``out_dir``. Each arm is ``toolgym train`` (:func:`~toolgym.training.commands.train_command`)
+    with the arm's overrides, so an interrupted arm resumes from its checkpoint. After an arm, its run
+    manifest must pose the first arm's environment (unless ``allow = ["env"]``).
+
+    Raises:
+        ConfigError: an arm trained against another environment state than the first arm (named fields).
+    """
+    from toolgym.training.commands import train_command
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(
+        out / PLAN,
+        {
+            "format": FORMAT,
+            "arms_file": str(plan.spec.path),
+            "config": plan.config_path,
+            "baseline": plan.spec.baseline,
+            "description": plan.spec.description,
+            "allow": list(plan.spec.allow),
+            "notes": list(plan.notes),
+            "arms": [
+                {
+                    "name": arm.name,
+                    "description": arm.description,
+                    "set": list(arm.overrides),
+                    "overrides": list(plan.overrides[arm.name]),
+                    "command": command_line(plan, arm.name, out),
+                    "config": to_dict(plan.configs[arm.name]),
+                }
+                for arm in plan.spec.arms
+            ],
+        },
+    )
+    names = plan.names
+    for i, name in enumerate(names, 1):
+        arm_dir = out / name
+        record = _read_record(arm_dir)
+        tag = f"arm {i}/{len(names)} {name!r}"
+        if record.get("status") == "complete":
+            say(f"{tag}: finished earlier ({record.get('wall_s', 0):.0f} s), skipped")
+            continue
+        resuming = (arm_dir / "checkpoint.pt").exists()
+        say(f"{tag}: {'resuming' if resuming else 'training'} into {arm_dir}")
+        attempts = int(record.get("attempts", 0)) + 1
+        arm_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(arm_dir / ARM_RECORD, {"name": name, "status": "running", "attempts": attempts})
+        started = time.perf_counter()
+        train_command(plan.config_path, plan.overrides[name], arm_dir)
+        _check_same_environment(out, names[0], name, allow=plan.spec.allow)
+        wall = time.perf_counter() - started
+        _write_json(
+            arm_dir / ARM_RECORD,
+            {"name": name, "status": "complete", "attempts": attempts, "wall_s": wall, "resumed": resuming},
+        )
+        say(f"{tag}: done in {wall:.0f} s")
+    return out
+
+
+def _check_same_environment(out: Path, first: str, name: str, *, allow: Sequence[str]) -> None:
+    if name == first or "env" in allow:
+        return
+    ours, theirs = read_run_manifest(out / first), read_run_manifest(out / name)
+    if ours is None or theirs is None:
+        return
+    differences = manifest_differences(ours, theirs, allow=("format", "toolgym"))
+    if differences:
+        raise ConfigError(
+            f"arm {name!r} trained against another environment state than arm {first!r}: "
+            f"{'; '.join(differences)}. The arms would not share their tasks: restore the environment's "
+            "data and index, or train the set into a new --out"
+        )
+
+
+def arms_command(
+    arms_path: str | Path,
+    config_path: str | None,
+    overrides: Sequence[str],
+    out_dir: str | Path,
+    *,
+    say: Callable[[str], None] = print,
+) -> Path:
+    """``toolgym train --arms ARMS [--config BASE] --out DIR [KEY=VALUE ...]``: plan, train, compare.
+
+    Prints one line per arm and, when the arms have a held-out evaluation, the paired table
+    (Markdown; ``DIR/arms.md``, ``DIR/arms.tex`` and ``DIR/arms.json`` are written).
+    """
+    from toolgym.training.arms_results import write_arms_results
+
+    def line(text: str) -> None:
+        say(f"[{time.strftime('%H:%M:%S')}] {text}")
+
+    plan = plan_arms(arms_path, config_path, overrides, out_dir)
+    baseline = plan.spec.baseline
+    line(f"arms: {', '.join(plan.names)} (baseline {baseline!r}), from {plan.spec.path}")
+    for note in plan.notes:
+        line(f"arms: {note}")
+    run_arms(plan, out_dir, say=line)
+    table = write_arms_results(out_dir)
+    if table:
+        say(table)
+    else:
+        line("arms: no held-out evaluation (heldout.n = 0): learning curves only (toolgym report DIR)")
+    return Path(out_dir)
