@@ -1,9 +1,10 @@
 """Experiment arms: several training runs that differ in one named thing, run and compared as a set.
 
 ``toolgym train --config BASE --arms ARMS.toml --out DIR`` trains every arm of ``ARMS.toml`` into an
-ordinary run directory ``DIR/<arm>/`` (one after another, on this machine: :mod:`toolgym.training.arms_run`), then pairs each arm's
-held-out evaluation (``DIR/<arm>/heldout/trained``) with the baseline arm's on the same tasks and
-seeds (:mod:`toolgym.training.arms_results`) and writes ``DIR/arms.json``, ``DIR/arms.md`` and
+ordinary run directory ``DIR/<arm>/`` (one after another, on this machine:
+:mod:`toolgym.training.arms_run`), then pairs each arm's held-out evaluation
+(``DIR/<arm>/heldout/trained``) with the baseline arm's on the same tasks and seeds
+(:mod:`toolgym.training.arms_results`) and writes ``DIR/arms.json``, ``DIR/arms.md`` and
 ``DIR/arms.tex``. ``toolgym report DIR`` draws every arm's curves on shared plots
 (:mod:`toolgym.training.arms_report`).
 
