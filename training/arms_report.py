@@ -117,7 +117,8 @@ def write_arms_report(out_dir: str | Path) -> Path:
         wall = record.get("wall_s")
         status = record.get("status") or ("trained" if metrics[name] else "not started")
         settings.append(
-            f"<tr><td>{html.escape(name)}{link}</td><td>{html.escape(', '.join(arm['set']) or '(the base settings)')}</td>"
+            f"<tr><td>{html.escape(name)}{link}</td><td>{html.escape(arm.get('description') or '')}</td>"
+            f"<td>{html.escape(', '.join(arm['set']) or '(the base settings)')}</td>"
             f"<td>{html.escape(str(status))}</td><td>{'' if wall is None else f'{wall:.0f} s'}</td>"
             f"<td><code>{html.escape(arm['command'])}</code></td></tr>"
         )
@@ -142,7 +143,7 @@ base config: {html.escape(str(plan.get("config") or "the defaults"))}.</p>
 <h2>Curves, every arm</h2>
 <div class="plots">{_plots(metrics)}</div>
 <h2>Arms</h2>
-<table id="arm-settings"><tr><th>arm</th><th>its settings</th><th>status</th><th>wall time</th><th>command</th></tr>
+<table id="arm-settings"><tr><th>arm</th><th>description</th><th>its settings</th><th>status</th><th>wall time</th><th>command</th></tr>
 {"".join(settings)}</table>
 </body></html>
 """

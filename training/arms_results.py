@@ -393,6 +393,7 @@ def write_arms_results(out_dir: str | Path) -> str:
         "arms": [
             {
                 "name": a["name"],
+                "description": a.get("description", ""),
                 "set": a["set"],
                 "command": a["command"],
                 "status": records[a["name"]].get("status"),

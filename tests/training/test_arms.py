@@ -417,6 +417,7 @@ def test_a_tiny_set_trains_every_arm_and_pairs_them_with_the_baseline(
     assert [m for m in re.findall(r'data-key="([^"]+)"', reward_plot)] == ["slow", "fast", "base"]
     assert '<table id="arms">' in page and "-0.500 [-0.500, -0.500]" in page
     assert (out / "fast" / "report.html").is_file() and 'href="fast/report.html"' in page
+    assert "<td>no update at all</td><td>train.lr=0.0</td>" in page
 
 
 class MachineWentAway(Exception):
