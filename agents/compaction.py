@@ -112,6 +112,11 @@ class CompactingHarness:
         suffix = "compact" if self.compaction.mode == "drop" else "summary"
         self.name = f"{base.name}+{suffix}"
 
+    def for_call_format(self, call_format: str) -> CompactingHarness:
+        """This track over its base track's :meth:`for_call_format` (when it has one)."""
+        base = getattr(self.base, "for_call_format", None)
+        return self if base is None else CompactingHarness(base(call_format), self.compaction)
+
     def start(self, messages: Sequence[Message], *, max_turns: int) -> list[Message]:
         return self.base.start(messages, max_turns=max_turns)
 

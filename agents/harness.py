@@ -11,9 +11,11 @@ text is never trained on (the rollout appends it with mask 0).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from toolgym.call_formats import HERMES, get_call_format
 from toolgym.core import Harness, Message
 from toolgym.errors import ConfigError, did_you_mean
 
@@ -38,13 +40,15 @@ class ScaffoldHarness:
     """A light agent scaffold.
 
     * a planning instruction appended to the system message;
-    * after a failed call, a hint that repeats the exact call format;
+    * after a failed call, a hint that repeats the exact call format (in ``call_format``'s syntax: the
+      rollout sets the policy's with :meth:`for_call_format`);
     * a step-budget note after every step, and a "last turn: answer now" note;
     * context compression: tool outputs longer than ``max_tool_chars`` are shortened.
     """
 
     max_tool_chars: int = 1_500
     name: str = "scaffold"
+    call_format: str = HERMES.name
     compaction = None  # not a compacting track (unannotated: not a dataclass field)
 
     PLAN = (
@@ -56,6 +60,20 @@ class ScaffoldHarness:
         "Hint: that call failed. Write exactly one call as "
         '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> with the arguments from the schema.'
     )
+
+    def for_call_format(self, call_format: str) -> ScaffoldHarness:
+        """This track with its hint written in ``call_format``'s syntax (:mod:`toolgym.call_formats`)."""
+        get_call_format(call_format)  # an unknown name is refused here, naming the known ones
+        return dataclasses.replace(self, call_format=call_format)
+
+    def hint(self) -> str:
+        """The failed-call hint, with an example call in this track's call syntax."""
+        if self.call_format == HERMES.name:
+            return self.HINT
+        example = get_call_format(self.call_format).format_call("<tool>", {"<argument>": "..."})
+        return (
+            f"Hint: that call failed. Write exactly one call as {example} with the arguments from the schema."
+        )
 
     def start(self, messages: Sequence[Message], *, max_turns: int) -> list[Message]:
         out = copy.deepcopy(list(messages))
@@ -79,7 +97,7 @@ class ScaffoldHarness:
                 )
         notes = []
         if any(m["content"].startswith("Error:") for m in out):
-            notes.append(self.HINT)
+            notes.append(self.hint())
         left = max_turns - turn
         notes.append(
             "This is your last turn: give your final answer now." if left <= 1 else f"{left} turns left."

@@ -191,6 +191,8 @@ async def run_episode(
     calls = getattr(fmt, "call_format", HERMES.name)
     if calls != HERMES.name:  # the environment writes its tool list and parses actions in the model's syntax
         options = {"call_format": calls, **(options or {})}
+        to_format = getattr(harness, "for_call_format", None)  # and the scaffold's hints show that syntax
+        harness = harness if to_format is None else to_format(calls)
     tape = _Tape(policy, sampling, max_total_tokens, fmt)
     compactor = Compactor(harness.compaction, policy, sampling, max_total_tokens)
     history: list[Message] = []

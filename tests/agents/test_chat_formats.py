@@ -16,7 +16,7 @@ from tiny_chat_models import CHATML, QWEN3, ForcedPolicy, LookupEnv, build_model
 
 from toolgym.agents.chat import IM_END, ChatMLTemplate
 from toolgym.agents.chat_formats import REQUIRED, detect_chat_format, resolve_chat_format
-from toolgym.agents.harness import get_harness
+from toolgym.agents.harness import ScaffoldHarness, get_harness
 from toolgym.agents.hf_policy import HFPolicy, HFTokenizer
 from toolgym.agents.models import smollm2_path
 from toolgym.agents.policy import ChatPolicy
@@ -128,6 +128,28 @@ async def test_each_architecture_gets_its_format_and_an_episode_round_trips_toke
         assert isinstance(parsed.errors, tuple)
     finally:
         policy.close()
+
+
+async def test_the_scaffold_hint_shows_the_episodes_call_syntax(model_dirs):
+    """After a failed call the scaffold's hint shows a call in the model's syntax (here llama3's), on
+    a compacting scaffold too; with ChatML models it is the hermes text, as always."""
+    policy = ForcedPolicy(model_dirs("llama"))
+    try:
+        calls = get_call_format("llama3")
+        policy.script(MALFORMED["llama3"][1], calls.format_call("answer", {"answer": "42"}))
+        env = LookupEnv()
+        trajectory = await run_episode(
+            env, policy, get_harness("scaffold+compact"), seed=0, sampling=SAMPLING
+        )
+        assert trajectory.reward == 1.0
+        hints = [m["content"] for m in trajectory.messages if m["role"] == "user" and "Hint:" in m["content"]]
+        assert len(hints) == 1 and calls.format_call("<tool>", {"<argument>": "..."}) in hints[0]
+        assert "<tool_call>" not in hints[0]
+    finally:
+        policy.close()
+    assert ScaffoldHarness().hint() == ScaffoldHarness.HINT and "<tool_call>" in ScaffoldHarness.HINT
+    with pytest.raises(ConfigError, match="Did you mean 'llama3'"):
+        ScaffoldHarness().for_call_format("llama")
 
 
 async def test_a_template_that_drops_earlier_reasoning_opens_a_new_segment(model_dirs):
