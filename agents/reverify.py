@@ -15,6 +15,10 @@ Sources a run directory may hold, all re-scored by :func:`reverify_run`:
 * a training run: ``config.json`` + ``trajectories.jsonl`` (each line a consumed sample), and its
   held-out evaluations ``heldout/base`` and ``heldout/trained``.
 
+An episode played in another call syntax than ``hermes`` (a model with its own chat format,
+:mod:`toolgym.call_formats`) is replayed in that syntax: the one whose opening messages are the stored
+ones (the syntax shapes the tool list the environment writes).
+
 Episodes that ended as ``infra_error`` were never scored and are skipped (counted). An environment
 that raises anything but an :class:`~toolgym.errors.InfraError` while replaying is a verifier or
 environment bug: it is reported per episode as an error (never as reward 0) and the rest go on.
@@ -31,6 +35,7 @@ from typing import Any
 
 from toolgym.agents.eval_runs import load_eval_run
 from toolgym.agents.harness import get_harness
+from toolgym.call_formats import CALL_FORMATS, HERMES
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError, InfraError
 from toolgym.registry import make
@@ -53,8 +58,10 @@ class Replay:
     observation_diff: str = ""
 
 
-def _reset(env: Any, trajectory: Trajectory) -> tuple[Any, dict[str, Any]]:
+def _reset(env: Any, trajectory: Trajectory, call_format: str = HERMES.name) -> tuple[Any, dict[str, Any]]:
     options: dict[str, Any] = {"task_id": trajectory.task_id}
+    if call_format != HERMES.name:
+        options["call_format"] = call_format
     obs, info = env.reset(seed=trajectory.seed, options=options)
     if tuple(info.get("allowed_tools", ())) != tuple(trajectory.allowed_tools):
         # a curriculum stage restricted the tools when the episode was sampled
@@ -78,10 +85,20 @@ def replay(env: Any, trajectory: Trajectory) -> Replay:
         Exception: anything else the environment raises (a bug; the caller reports it).
     """
     harness = get_harness(trajectory.harness)
-    obs, _ = _reset(env, trajectory)
     max_turns = env.unwrapped.max_turns
     stored = [dict(m) for m in trajectory.messages]
-    expected = harness.start(obs, max_turns=max_turns)
+    for call_format in (HERMES.name, *(name for name in CALL_FORMATS if name != HERMES.name)):
+        obs, _ = _reset(env, trajectory, call_format)
+        expected = harness.start(obs, max_turns=max_turns)
+        if stored[: len(expected)] == expected:
+            break
+    else:  # no syntax gives the stored opening: replay as hermes and report where it differs
+        call_format = HERMES.name
+        obs, _ = _reset(env, trajectory)
+        expected = harness.start(obs, max_turns=max_turns)
+    to_format = getattr(harness, "for_call_format", None)
+    if call_format != HERMES.name and to_format is not None:
+        harness = to_format(call_format)
     diff = "" if stored[: len(expected)] == expected else _diff("start", stored[: len(expected)], expected)
     i, turn = len(expected), 0
     reward, terminated, metrics = 0.0, False, {}

@@ -20,6 +20,7 @@ from toolgym.agents.harness import ScaffoldHarness, get_harness
 from toolgym.agents.hf_policy import HFPolicy, HFTokenizer
 from toolgym.agents.models import smollm2_path
 from toolgym.agents.policy import ChatPolicy
+from toolgym.agents.reverify import replay
 from toolgym.agents.rollout import run_episode
 from toolgym.call_formats import get_call_format
 from toolgym.core import SamplingParams
@@ -132,7 +133,8 @@ async def test_each_architecture_gets_its_format_and_an_episode_round_trips_toke
 
 async def test_the_scaffold_hint_shows_the_episodes_call_syntax(model_dirs):
     """After a failed call the scaffold's hint shows a call in the model's syntax (here llama3's), on
-    a compacting scaffold too; with ChatML models it is the hermes text, as always."""
+    a compacting scaffold too; with ChatML models it is the hermes text, as always. Re-verification
+    replays the episode in its syntax."""
     policy = ForcedPolicy(model_dirs("llama"))
     try:
         calls = get_call_format("llama3")
@@ -145,6 +147,8 @@ async def test_the_scaffold_hint_shows_the_episodes_call_syntax(model_dirs):
         hints = [m["content"] for m in trajectory.messages if m["role"] == "user" and "Hint:" in m["content"]]
         assert len(hints) == 1 and calls.format_call("<tool>", {"<argument>": "..."}) in hints[0]
         assert "<tool_call>" not in hints[0]
+        again = replay(LookupEnv(), trajectory)  # toolgym reverify finds the syntax the episode was played in
+        assert (again.reward, again.status, again.observation_diff) == (1.0, "ok", "")
     finally:
         policy.close()
     assert ScaffoldHarness().hint() == ScaffoldHarness.HINT and "<tool_call>" in ScaffoldHarness.HINT
