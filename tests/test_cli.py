@@ -204,6 +204,32 @@ def test_unusable_policy_specs_are_one_line_errors(policy, message):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("policy", "fmt", "message"),
+    [
+        ("smollm2", "llama", "--chat-format must be one of auto, hermes, llama3"),
+        ("scripted", "llama3", "--chat-format llama3 applies to model policies"),
+        ("http://127.0.0.1:8000/v1", "mistral", "rendered by its server"),
+    ],
+)
+def test_a_chat_format_for_eval_is_checked_before_anything_loads(policy, fmt, message):
+    model = ["--model", "m"] if policy.startswith("http") else []
+    out = toolgym("eval", "--env", "toolgym/SearchQA-v0", "--policy", policy, *model, "--chat-format", fmt)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    assert "Did you mean 'llama3'" in out.stderr if fmt == "llama" else True
+
+
+def test_eval_renders_with_the_chat_format_given_and_records_it(tmp_path):
+    out = toolgym(
+        "eval", "--env", "toolgym/SearchQA-v0", "--policy", "smollm2", "--chat-format", "hermes",
+        "--harness", "bare", "--n", "1", "--max-tokens", "4", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    record = json.loads((tmp_path / "run" / "eval.json").read_text())
+    settings = record["settings"]
+    assert settings["policy"] == "smollm2 [hermes]" and settings["policy_info"]["chat_format"] == "hermes"
+
+
 def test_eval_baseline_and_compare(tmp_path):
     base = ["eval", "--env", "toolgym/SearchQA-v0", "--policy", "scripted", "--n", "3", "--harness", "bare"]
     first = toolgym(*base, "--out", str(tmp_path / "a"))

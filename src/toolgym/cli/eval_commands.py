@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, did_you_mean
 
 __all__ = ["cmd_compare", "cmd_eval", "import_user_modules", "parse_env_args"]
 
@@ -116,8 +116,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
     max_total = (
         args.max_total_tokens if args.max_total_tokens is not None else (1 << 30 if model_free else 8192)
     )
+    chat_format = args.chat_format
+    from toolgym.agents.chat_formats import CHAT_FORMATS
+
+    if chat_format not in CHAT_FORMATS:
+        raise ConfigError(
+            f"--chat-format must be one of {', '.join(CHAT_FORMATS)}, got {chat_format!r}."
+            f"{did_you_mean(chat_format, CHAT_FORMATS)}"
+        )
+    if chat_format != "auto" and spec.engine in ("rule", "http"):
+        raise ConfigError(
+            f"--chat-format {chat_format} applies to model policies (hf, vllm, run:); {spec.text!r} "
+            + (
+                "writes its own turns"
+                if spec.model_free
+                else "is rendered by its server with the model's template"
+            )
+        )
     factory = policy_factory(
-        spec, env_id=args.env, seed=args.seed, max_model_len=max_total, device=args.device
+        spec,
+        env_id=args.env,
+        seed=args.seed,
+        max_model_len=max_total,
+        device=args.device,
+        chat_format=chat_format,
+    )
+    policy_info = (
+        spec.describe() if chat_format == "auto" else {**spec.describe(), "chat_format": chat_format}
     )
     bar = progress_bar()
     progress = bar_updater(bar, bar.add_task(f"eval {args.env}", total=None))
@@ -137,8 +162,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 out_dir=args.out,
                 env_kwargs=env_kwargs,
                 progress=progress,
-                policy_label=spec.text,
-                policy_info=spec.describe(),
+                policy_label=spec.text if chat_format == "auto" else f"{spec.text} [{chat_format}]",
+                policy_info=policy_info,
                 restart=args.restart,
             )
         )

@@ -99,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
         help="where a transformers policy runs: cpu, cuda, cuda:1 (vLLM picks its own)",
     )
     p.add_argument(
+        "--chat-format",
+        default="auto",
+        help="a model policy's chat format: auto (from the tokenizer, or the format a run: export "
+        "recorded), hermes, llama3, mistral, harmony, template, template:CALLS (environments.md, Chat formats)",
+    )
+    p.add_argument(
         "--max-tokens",
         type=int,
         default=None,
