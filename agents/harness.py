@@ -15,9 +15,10 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from toolgym.call_formats import HERMES, get_call_format
+from toolgym.call_formats import get_call_format
 from toolgym.core import Harness, Message
 from toolgym.errors import ConfigError, did_you_mean
+from toolgym.parsing import HERMES
 
 __all__ = ["BareHarness", "ScaffoldHarness", "get_harness", "HARNESSES"]
 

@@ -35,9 +35,10 @@ from typing import Any
 
 from toolgym.agents.eval_runs import load_eval_run
 from toolgym.agents.harness import get_harness
-from toolgym.call_formats import CALL_FORMATS, HERMES
+from toolgym.call_formats import CALL_FORMATS
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError, InfraError
+from toolgym.parsing import HERMES
 from toolgym.registry import make
 
 __all__ = ["Replay", "ReverifyReport", "SourceReport", "replay", "reverify_run"]
