@@ -48,6 +48,7 @@ __all__ = [
     "load_eval_run",
     "paired_rewards",
     "pooled_comparison",
+    "pooled_pairs",
     "prepare_run_dir",
     "settings_differences",
 ]
@@ -381,26 +382,31 @@ def pooled_comparison(a: EvalRun, b: EvalRun, *, seed: int = 0) -> TrackComparis
     """
     from toolgym.agents.evaluate import paired_bootstrap
 
-    harnesses = a.settings.harnesses
+    ra, rb, dropped = pooled_pairs(a, b)
+    if not ra:
+        raise ConfigError("pooled: no task that both runs scored on every track")
+    mean, low, high = paired_bootstrap(ra, rb, seed=seed)
+    return TrackComparison("pooled", len(ra), sum(ra) / len(ra), sum(rb) / len(rb), mean, low, high, dropped)
+
+
+def pooled_pairs(a: EvalRun, b: EvalRun) -> tuple[list[float], list[float], int]:
+    """Per task, each side's reward averaged over every track, in ``a``'s order, and how many tasks
+    were dropped: a task counts when both runs scored it on every track (no ``infra_error``)."""
     per_track = []
-    for harness in harnesses:
+    for harness in a.settings.harnesses:
         side_b = {(t.task_id, t.seed): t for t in b.trajectories[harness]}
         per_track.append(
             {(t.task_id, t.seed): (t, side_b.get((t.task_id, t.seed))) for t in a.trajectories[harness]}
         )
-    keys = [k for k in per_track[0] if all(k in track for track in per_track)]
     ra, rb, dropped = [], [], 0
-    for key in keys:
+    for key in [k for k in per_track[0] if all(k in track for track in per_track)]:
         pairs = [track[key] for track in per_track]
         if any(y is None or x.status == "infra_error" or y.status == "infra_error" for x, y in pairs):
             dropped += 1
             continue
         ra.append(sum(x.reward for x, _ in pairs) / len(pairs))
         rb.append(sum(y.reward for _, y in pairs if y is not None) / len(pairs))
-    if not ra:
-        raise ConfigError("pooled: no task that both runs scored on every track")
-    mean, low, high = paired_bootstrap(ra, rb, seed=seed)
-    return TrackComparison("pooled", len(ra), sum(ra) / len(ra), sum(rb) / len(rb), mean, low, high, dropped)
+    return ra, rb, dropped
 
 
 def early_differences(

@@ -41,6 +41,7 @@ __all__ = [
     "TrackSummary",
     "check_env_kwargs",
     "evaluate",
+    "bootstrap_means",
     "paired_bootstrap",
     "pick_tasks",
     "summarize",
@@ -91,15 +92,23 @@ class EvalReport:
         return json.dumps(data, indent=2)
 
 
-def paired_bootstrap(
+def bootstrap_means(
     a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000, seed: int = 0
-) -> tuple[float, float, float]:
-    """Mean of ``b - a`` over paired items and its percentile-bootstrap 95% interval."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """The paired differences ``b - a`` and ``resamples`` bootstrap means of them: the draws every
+    paired interval and test of the project resamples from (same ``seed``, same draws)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"paired samples must have the same non-zero length, got {len(a)} and {len(b)}")
     diff = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
     rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), size=(resamples, len(diff)))].mean(axis=1)
+    return diff, diff[rng.integers(0, len(diff), size=(resamples, len(diff)))].mean(axis=1)
+
+
+def paired_bootstrap(
+    a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Mean of ``b - a`` over paired items and its percentile-bootstrap 95% interval."""
+    diff, means = bootstrap_means(a, b, resamples=resamples, seed=seed)
     low, high = np.percentile(means, [2.5, 97.5])
     return float(diff.mean()), float(low), float(high)
 

@@ -84,16 +84,14 @@ def bootstrap_test(
 ) -> tuple[float, tuple[float, float], tuple[float, float], float]:
     """Paired bootstrap of ``mean(b - a)``: the mean, its 95% and Bonferroni-widened intervals, and p.
 
-    Resamples are drawn exactly as :func:`toolgym.agents.evaluate.paired_bootstrap` draws them, so the
-    95% interval equals its. The widened interval has level ``1 - alpha / family``; ``p`` is the
+    Resamples are :func:`toolgym.agents.evaluate.bootstrap_means`, as ``paired_bootstrap``'s are, so
+    the 95% interval equals its. The widened interval has level ``1 - alpha / family``; ``p`` is the
     two-sided bootstrap p-value ``min(1, 2 * (min(#{mean* <= 0}, #{mean* >= 0}) + 1) / (resamples + 1))``
     (1 when every difference is zero).
     """
-    if len(a) != len(b) or not a:
-        raise ValueError(f"paired samples must have the same non-zero length, got {len(a)} and {len(b)}")
-    diff = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), size=(resamples, len(diff)))].mean(axis=1)
+    from toolgym.agents.evaluate import bootstrap_means
+
+    diff, means = bootstrap_means(a, b, resamples=resamples, seed=seed)
     low, high = np.percentile(means, [2.5, 97.5])
     tail = 100 * alpha / (2 * family)
     wide_low, wide_high = np.percentile(means, [tail, 100 - tail])
@@ -141,26 +139,6 @@ class ArmsResults:
         return next(c for c in self.comparisons if c.arm == arm and c.track == track)
 
 
-def _pooled_pairs(a: Any, b: Any) -> tuple[list[float], list[float], int]:
-    """Per task, the mean reward over tracks on each side (as ``pooled_comparison`` pairs them)."""
-    harnesses = a.settings.harnesses
-    per_track = []
-    for harness in harnesses:
-        side_b = {(t.task_id, t.seed): t for t in b.trajectories[harness]}
-        per_track.append(
-            {(t.task_id, t.seed): (t, side_b.get((t.task_id, t.seed))) for t in a.trajectories[harness]}
-        )
-    ra, rb, dropped = [], [], 0
-    for key in [k for k in per_track[0] if all(k in track for track in per_track)]:
-        pairs = [track[key] for track in per_track]
-        if any(y is None or x.status == "infra_error" or y.status == "infra_error" for x, y in pairs):
-            dropped += 1
-            continue
-        ra.append(sum(x.reward for x, _ in pairs) / len(pairs))
-        rb.append(sum(y.reward for _, y in pairs if y is not None) / len(pairs))
-    return ra, rb, dropped
-
-
 def _mean_reward(run: Any, track: str) -> float:
     from toolgym.agents.evaluate import summarize
 
@@ -191,7 +169,7 @@ def compare_arms(
         ConfigError: a run is incomplete, or two runs are not the same episodes (``compare_runs``'s
             refusals, naming the fields), or a track has no pair both runs scored.
     """
-    from toolgym.agents.eval_runs import compare_runs, paired_rewards
+    from toolgym.agents.eval_runs import compare_runs, paired_rewards, pooled_pairs
 
     base = runs[baseline]
     tracks = list(base.settings.harnesses) + ([POOLED] if len(base.settings.harnesses) > 1 else [])
@@ -205,7 +183,7 @@ def compare_arms(
             by_track[POOLED] = comparison.pooled
         for track in tracks:
             if track == POOLED:
-                ra, rb, dropped = _pooled_pairs(base, runs[arm])
+                ra, rb, dropped = pooled_pairs(base, runs[arm])
             else:
                 ra, rb, dropped = paired_rewards(base.trajectories[track], runs[arm].trajectories[track])
             diff, _, ci, p = bootstrap_test(
