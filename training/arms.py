@@ -61,7 +61,7 @@ from typing import Any
 
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.manifest import flatten
-from toolgym.training.config import TrainConfig, load_config, to_dict
+from toolgym.training.config import TrainConfig, load_config, resolve_shipped, to_dict
 from toolgym.training.warm_start_phase import WARM_START_KEYS, warm_start_tools
 
 __all__ = [
@@ -136,17 +136,7 @@ def shipped_arms() -> dict[str, Path]:
 
 def resolve_arms_path(path: str | Path) -> Path:
     """An arms file, or the name of a shipped one; unknown names answer "did you mean"."""
-    candidate = Path(path)
-    if candidate.is_file():
-        return candidate
-    shipped = shipped_arms()
-    name = str(path).removesuffix(".toml")
-    if name in shipped:
-        return shipped[name]
-    raise ConfigError(
-        f"arms file not found: {path}.{did_you_mean(str(path), shipped)} "
-        f"Shipped arms files: {', '.join(shipped) or 'none'}"
-    )
+    return resolve_shipped(path, shipped_arms(), "arms file", "Shipped arms files")
 
 
 def toml_literal(value: Any) -> str:

@@ -297,16 +297,22 @@ def shipped_configs() -> dict[str, Path]:
 
 def resolve_config_path(path: str | Path) -> Path:
     """A TOML file path, or the name of a shipped config; unknown names answer "did you mean"."""
+    return resolve_shipped(path, shipped_configs(), "config file", "Shipped configs")
+
+
+def resolve_shipped(path: str | Path, shipped: Mapping[str, Path], what: str, listing: str) -> Path:
+    """``path`` when it is a file (it wins over a shipped file of the same name), else the shipped file
+    named ``path`` (with or without ``.toml``); else a ConfigError saying ``what`` was not found, with a
+    "did you mean" and the shipped names after ``listing``."""
     candidate = Path(path)
-    if candidate.is_file():  # an existing file wins over a shipped config of the same name
+    if candidate.is_file():
         return candidate
-    shipped = shipped_configs()
     name = str(path).removesuffix(".toml")
     if name in shipped:
         return shipped[name]
     raise ConfigError(
-        f"config file not found: {path}.{did_you_mean(str(path), shipped)} "
-        f"Shipped configs: {', '.join(shipped) or 'none'}"
+        f"{what} not found: {path}.{did_you_mean(str(path), shipped)} "
+        f"{listing}: {', '.join(shipped) or 'none'}"
     )
 
 
