@@ -50,6 +50,7 @@ from toolgym.errors import ConfigError, did_you_mean
 
 __all__ = [
     "CHAT_FORMATS",
+    "check_chat_format_name",
     "ChatFormat",
     "HarmonyFormat",
     "HermesFormat",
@@ -321,6 +322,15 @@ RENDERERS: dict[str, Callable[..., ChatFormat]] = {
 }
 #: Every format name ``policy.chat_format`` accepts (``template:CALLS`` picks the template's call syntax).
 CHAT_FORMATS = ("auto", *RENDERERS, "template", *(f"template:{c}" for c in CALL_FORMATS))
+
+
+def check_chat_format_name(name: str, setting: str) -> None:
+    """A ConfigError naming ``setting`` (``policy.chat_format``, ``--chat-format``) when ``name`` is not
+    one of :data:`CHAT_FORMATS`, with "did you mean"."""
+    if name not in CHAT_FORMATS:
+        raise ConfigError(
+            f"{setting} must be one of {', '.join(CHAT_FORMATS)}, got {name!r}.{did_you_mean(name, CHAT_FORMATS)}"
+        )
 
 
 def single_token(hf_tokenizer: Any, token: str) -> int | None:

@@ -154,13 +154,9 @@ class PolicyConfig:
             raise ConfigError(
                 f"policy.learner_device must be 'cpu' or 'cuda[:N]', got {self.learner_device!r}"
             )
-        from toolgym.agents.chat_formats import CHAT_FORMATS
+        from toolgym.agents.chat_formats import check_chat_format_name
 
-        if self.chat_format not in CHAT_FORMATS:
-            raise ConfigError(
-                f"policy.chat_format must be one of {', '.join(CHAT_FORMATS)}, got {self.chat_format!r}."
-                f"{did_you_mean(self.chat_format, CHAT_FORMATS)}"
-            )
+        check_chat_format_name(self.chat_format, "policy.chat_format")
         if self.thinking_budget < 0:
             raise ConfigError(f"policy.thinking_budget must be >= 0 (0 = no cap), got {self.thinking_budget}")
         if self.kind == "tiny" and (self.chat_format not in ("auto", "hermes") or self.thinking_budget):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.errors import ConfigError, did_you_mean
+from toolgym.errors import ConfigError
 
 __all__ = ["cmd_compare", "cmd_eval", "import_user_modules", "parse_env_args"]
 
@@ -117,13 +117,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.max_total_tokens if args.max_total_tokens is not None else (1 << 30 if model_free else 8192)
     )
     chat_format = args.chat_format
-    from toolgym.agents.chat_formats import CHAT_FORMATS
+    from toolgym.agents.chat_formats import check_chat_format_name
 
-    if chat_format not in CHAT_FORMATS:
-        raise ConfigError(
-            f"--chat-format must be one of {', '.join(CHAT_FORMATS)}, got {chat_format!r}."
-            f"{did_you_mean(chat_format, CHAT_FORMATS)}"
-        )
+    check_chat_format_name(chat_format, "--chat-format")
     if chat_format != "auto" and spec.engine in ("rule", "http"):
         raise ConfigError(
             f"--chat-format {chat_format} applies to model policies (hf, vllm, run:); {spec.text!r} "
