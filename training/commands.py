@@ -21,8 +21,18 @@ __all__ = ["heldout_metrics", "report_command", "train_command"]
 
 
 def train_command(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path) -> Path:
-    """``toolgym train --config FILE|NAME [key=value ...] --out DIR``; resumes if DIR holds a checkpoint."""
+    """``toolgym train --config FILE|NAME [key=value ...] --out DIR``; resumes if DIR holds a checkpoint.
+
+    Under ``torchrun`` every rank runs this command: rank 0 trains, the others become learner
+    processes (:func:`toolgym.training.learners.worker_main`) until rank 0 is done.
+    """
     config = load_config(config_path, overrides)
+    from toolgym.training.learners import torchrun_rank, worker_main
+
+    ranked = torchrun_rank()
+    if ranked is not None and ranked[0] > 0:
+        worker_main(config.train.dist_backend, config.train.learner_timeout)
+        return Path(out_dir)
     check_trackers(config.train.loggers)  # a missing package stops the run before any work
     _exit_cleanly_on_sigterm()
     trackers = Trackers()

@@ -134,6 +134,8 @@ def accumulate_gradients(
     share_prefix: bool = True,
     reference: torch.nn.Module | None = None,
     share_across_groups: bool = True,
+    step_tokens: int | None = None,
+    step_sequences: int | None = None,
 ) -> LossSums:
     """Step 4: the loss's gradient over the plan's samples, accumulated into ``model``'s ``.grad``.
 
@@ -142,11 +144,14 @@ def accumulate_gradients(
     through micro-batches in order, each a full forward pass. With ``share_across_groups`` (and several
     groups) the prompt every group starts with is computed once for the step, each group's own
     prefix on top of it. Every micro-batch's terms are already weighted for the whole step, so the
-    sums are the full-batch values.
+    sums are the full-batch values. A data-parallel learner passes ``plan``, one rank's share of the
+    step, with the whole step's ``step_tokens`` and ``step_sequences``, so that the ranks' gradients
+    sum to the step's (:mod:`toolgym.training.learners`).
     """
     for sample in plan.samples:
         check_token_receipt(sample.trajectory)
-    tokens, sequences = plan.tokens, len(plan.samples)
+    tokens = plan.tokens if step_tokens is None else step_tokens
+    sequences = len(plan.samples) if step_sequences is None else step_sequences
     sums = LossSums()
     root = None  # the step's common context (system text, tools, worked example), run once
     if share_prefix and share_across_groups and len(plan.groups) > 1:

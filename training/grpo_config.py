@@ -53,6 +53,12 @@ class GRPOConfig:
         backend: where environments run: ``asyncio`` (in-process, the default) or ``ray`` (Ray actors,
             see :mod:`toolgym.training.ray_backend`; the rollout loop and the policy stay in-process).
         ray_env_actors: environment actor processes for ``backend = "ray"``.
+        learners: learner processes sharing each step's gradient over ``torch.distributed`` (data
+            parallel; :mod:`toolgym.training.learners`): rank 0 samples, checkpoints and publishes, the
+            others only compute gradients. At most ``tasks_per_step``; under ``torchrun`` its world
+            size decides.
+        dist_backend: the learners' process group: ``gloo`` (CPU) or ``nccl`` (CUDA learners).
+        learner_timeout: seconds a learner collective may wait before the run stops.
         max_infra_groups: consecutive groups whose every sample is ``infra_error`` (retries included)
             after which the run stops with a message (the infrastructure is down); it resumes from its
             last checkpoint.
@@ -114,6 +120,9 @@ class GRPOConfig:
     answer_tool: str = "answer"
     backend: str = "asyncio"
     ray_env_actors: int = 2
+    learners: int = 1
+    dist_backend: str = "gloo"
+    learner_timeout: float = 1800.0
     max_infra_groups: int = 4
     loggers: tuple[str, ...] = ()
     loss_agg: str = "token_mean"
@@ -159,6 +168,7 @@ class GRPOConfig:
             )
         if self.ray_env_actors < 1:
             raise ConfigError(f"train.ray_env_actors must be >= 1, got {self.ray_env_actors}")
+        self._check_learners()
         if self.max_off_policy_steps < 0 or self.checkpoint_every < 0:
             raise ConfigError("train.max_off_policy_steps and train.checkpoint_every must be >= 0")
         if self.lr < 0:
@@ -185,6 +195,27 @@ class GRPOConfig:
                 f"train.task_filter must be one of {', '.join(TASK_FILTERS)}, got {self.task_filter!r}."
                 f"{did_you_mean(self.task_filter, TASK_FILTERS)}"
             )
+
+    def _check_learners(self) -> None:
+        if self.learners < 1:
+            raise ConfigError(f"train.learners must be >= 1, got {self.learners}")
+        if self.learners > self.tasks_per_step:
+            raise ConfigError(
+                f"train.learners ({self.learners}) is more than train.tasks_per_step ({self.tasks_per_step}): "
+                "a learner would never get a group; use at most as many learners as groups per step"
+            )
+        if self.dist_backend not in ("gloo", "nccl"):
+            raise ConfigError(
+                f"train.dist_backend must be 'gloo' or 'nccl', got {self.dist_backend!r}."
+                f"{did_you_mean(self.dist_backend, ['gloo', 'nccl'])}"
+            )
+        if self.learners > 1 and self.kl_coef > 0:
+            raise ConfigError(
+                "train.kl_coef > 0 with train.learners > 1: the KL's reference model is not kept on the "
+                "other learners yet; use one learner, or kl_coef = 0"
+            )
+        if self.learner_timeout <= 0:
+            raise ConfigError(f"train.learner_timeout must be > 0 seconds, got {self.learner_timeout}")
 
     def loss_config(self) -> LossConfig:
         """The step's surrogate (:class:`~toolgym.training.loss.LossConfig`)."""

@@ -68,7 +68,7 @@ from toolgym.training.collect import StepCollector
 from toolgym.training.config import TrainConfig, to_dict
 from toolgym.training.curriculum import ToolCurriculum
 from toolgym.training.export import export_checkpoint
-from toolgym.training.grpo import StepPlan, StepResult, accumulate_gradients, plan_step
+from toolgym.training.grpo import StepPlan, StepResult, plan_step
 from toolgym.training.lora import apply_lora
 from toolgym.training.mixture import MixtureSampler, mixture_metrics, observe_curricula, probe_env
 from toolgym.training.optim import LearnerOptimizer
@@ -145,6 +145,15 @@ class Trainer:
             betas=tc.betas,
             schedule=tc.schedule_config(),
         )
+        from toolgym.training.learners import LearnerGroup
+
+        self.learners = LearnerGroup(
+            tc.learners,
+            backend=tc.dist_backend,
+            device=config.policy.learner_device,
+            timeout_s=tc.learner_timeout,
+            log_dir=self.run_dir / "learners",
+        )
         self.reference = None
         if tc.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -209,6 +218,7 @@ class Trainer:
             "rng": capture_rng(),
             "log_sizes": sizes,
             "warm_started": self.warm_started,
+            "learners": self.learners.world,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -228,6 +238,11 @@ class Trainer:
             self.task_filter.load_state_dict(state["task_filter"])
         self.curve_steps = [int(s) for s in state.get("curve_steps", [])]
         self.collector.load_state_dict(state)
+        saved_world = int(state.get("learners", 1))
+        if saved_world != self.learners.world:  # a checkpoint is rank 0's whole state: any size resumes
+            self.progress.line(
+                f"resuming a checkpoint written with {saved_world} learner(s) on {self.learners.world}"
+            )
         self.warm_started = bool(state.get("warm_started", False))
         restore_rng(state["rng"])
         self.step = int(state["step"])
@@ -248,7 +263,11 @@ class Trainer:
 
     def close(self, *, keep_policy: bool = False) -> None:
         """Release the weight-sync folder, and the policy when this trainer built it (unless
-        ``keep_policy``: the caller takes it over, e.g. the held-out evaluation its vLLM engine). Idempotent."""
+        ``keep_policy``: the caller takes it over, e.g. the held-out evaluation its vLLM engine), and stop
+        the other learner processes. Idempotent."""
+        learners = getattr(self, "learners", None)
+        if learners is not None:
+            learners.close()
         if self.weight_sync is not None:
             self.weight_sync.close()
         if self._owns_policy and not keep_policy and isinstance(self.policy, Closable):
@@ -364,6 +383,7 @@ class Trainer:
                         save_checkpoint(self.run_dir, self.state_dict())
                         export_checkpoint(self.run_dir, self.model, self.policy, step=self.step)
                     bar.update(self.step, note=_step_note(metrics))
+            self.learners.finish(self.model, self.step)  # every learner ends with rank 0's weights
         finally:
             try:
                 await workers.close()
@@ -384,11 +404,14 @@ class Trainer:
             skip_zero_variance=tc.skip_zero_variance,
         )
         self.optimizer.zero_grad()
-        losses = await asyncio.to_thread(
-            accumulate_gradients,
+        losses, reduced = await asyncio.to_thread(
+            self.learners.accumulate,  # one learner: accumulate_gradients itself
             self.model,
+            self.optimizer,
             plan,
-            tc.loss_config(),
+            config=self.config,
+            step=self.step + 1,
+            loss=tc.loss_config(),
             micro_batch=tc.micro_batch,
             temperature=self.config.sampling.temperature,
             share_prefix=tc.share_prefix,
@@ -411,7 +434,7 @@ class Trainer:
             grad_norm=grad_norm,
             lr=lr,
             updated=updated,
-            sync=sync,
+            sync={**sync, **reduced},
         )
 
     def _publish(self, plan: StepPlan) -> tuple[float, dict[str, float]]:

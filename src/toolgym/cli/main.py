@@ -218,6 +218,13 @@ def _parser() -> argparse.ArgumentParser:
         help="where environments run (same as train.backend=...): in-process asyncio, or Ray actors",
     )
     p.add_argument(
+        "--learners",
+        type=int,
+        default=None,
+        metavar="N",
+        help="learner processes sharing each step's gradient (same as train.learners=N; gloo on CPU)",
+    )
+    p.add_argument(
         "--help-config",
         nargs="?",
         const="text",
@@ -383,6 +390,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from toolgym.training.commands import train_command
 
     backend = [f"train.backend={args.backend}"] if args.backend else []
+    if args.learners is not None:
+        backend.append(f"train.learners={args.learners}")
     if args.logger is not None:
         from toolgym.records.trackers import parse_trackers
 

@@ -1,0 +1,491 @@
+"""The data-parallel learner: N processes share each GRPO step's gradient over ``torch.distributed``.
+
+Rank 0 is the trainer (:class:`~toolgym.training.trainer.Trainer`): it samples, plans the step, writes
+checkpoints and publishes weights, exactly as with one learner. Ranks 1..N-1 are learner processes
+that hold a copy of the trained model and its optimizer and do nothing but compute gradients
+(:func:`worker_main`). One step, with ``train.learners = N``:
+
+1. rank 0 broadcasts the step's plan (the groups that carry signal, with their advantages);
+2. every rank takes its share of the groups, balanced by token count (:func:`shard_groups`), and
+   accumulates their gradient with the **whole step's** token and sequence counts as the loss's
+   denominators, so the ranks' gradients *sum* to the step's gradient (a rank with no group this step
+   contributes zeros and still joins the collectives);
+3. the gradients are summed over ranks (``all_reduce``, in fp32 buckets) once, after the whole
+   accumulation: a group's shared prompt prefix sends its gradient through a second backward pass
+   (:mod:`toolgym.training.prefix`), so DDP's per-backward hooks would fire twice; reducing by hand
+   after both phases is exact;
+4. every rank clips and steps the same optimizer (AdamW, fp32 master weights) on the same summed
+   gradient, so every copy of the model stays identical; rank 0 then publishes its copy (the vLLM
+   weight sync, or the in-process policy's version bump), and alone writes checkpoints.
+
+Starting. ``toolgym train --learners N`` (``train.learners = N``) starts ranks 1..N-1 as child
+processes (``python -m toolgym.training.learners``), which meet rank 0 through a ``TCPStore`` on
+localhost; a child that exits before it joins stops the run with its log's last lines
+(``RUN/learners/rank-K.log``). Under ``torchrun --nproc-per-node N -m toolgym train ...`` the ranks
+are torchrun's (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``): rank 0 trains, the others
+enter :func:`worker_main`. The process group is gloo on CPU and NCCL on CUDA (``train.dist_backend``).
+
+State. The learners receive rank 0's model (and, on a resume, its optimizer state) before the first
+step they take, after the warm start: a checkpoint is always rank 0's whole state and holds no
+trace of the world size, so a run resumes at any number of learners (the trainer says so when it
+differs from the checkpoint's). A learner that dies (a crash, SIGKILL) makes the next collective
+fail: the run stops with :class:`~toolgym.errors.RunStopped` naming the rank and how it ended, and
+the same command resumes from the last checkpoint.
+
+Limits (each refused at start with its reason): a KL reference model (``train.kl_coef > 0``) and
+more learners than groups per step (``train.tasks_per_step``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolgym.errors import ConfigError, RunStopped
+from toolgym.training.batching import LossSums
+from toolgym.training.grpo import StepPlan, accumulate_gradients
+
+__all__ = [
+    "FAULT_ENV",
+    "LearnerGroup",
+    "LearnersDiverged",
+    "agree",
+    "fingerprint",
+    "shard_groups",
+    "torchrun_rank",
+    "worker_main",
+]
+
+log = logging.getLogger(__name__)
+
+#: Fault injection for tests: ``"RANK:STEP"`` makes learner ``RANK`` SIGKILL itself when the plan of
+#: its ``STEP``-th learner step arrives (counted from 1 within the process).
+FAULT_ENV = "TOOLGYM_LEARNER_FAULT"
+BUCKET = 1 << 24  # gradient elements summed per all_reduce call (64 MiB of fp32)
+
+
+def shard_groups(sizes: Sequence[int], world: int) -> list[list[int]]:
+    """Group indices per rank, balanced by ``sizes`` (token counts): the largest group goes to the
+    least loaded rank, ties to the lower index, each rank's list in increasing order. Deterministic."""
+    load = [0] * world
+    shards: list[list[int]] = [[] for _ in range(world)]
+    for g in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        shards[rank].append(g)
+        load[rank] += sizes[g]
+    return [sorted(s) for s in shards]
+
+
+def shard_plan(plan: StepPlan, rank: int, world: int) -> StepPlan:
+    """Rank ``rank``'s share of ``plan`` (:func:`shard_groups` over each group's token count)."""
+    sizes = [sum(len(s.trajectory.token_ids) for s in group) for group in plan.groups]
+    mine = shard_groups(sizes, world)[rank]
+    return replace(plan, groups=tuple(plan.groups[g] for g in mine))
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """``(rank, world_size)`` when this process was started by torchrun with more than one rank."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or "TOOLGYM_DIST_BACKEND" in os.environ:
+        return None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return (int(os.environ.get("RANK", "0")), world) if world > 1 else None
+
+
+def check_learners(learners: int, backend: str, device: str) -> None:
+    """Refuse a process group this machine cannot build (NCCL without CUDA, gloo on CUDA tensors)."""
+    if learners < 2:
+        return
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError(
+            "train.dist_backend = 'nccl' needs CUDA, and torch sees no CUDA device: use 'gloo' on CPU"
+        )
+    if backend == "nccl" and device == "cpu":
+        raise ConfigError(
+            "train.dist_backend = 'nccl' with policy.learner_device = 'cpu': NCCL reduces CUDA tensors"
+        )
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise ConfigError("this torch build has no torch.distributed: train with train.learners = 1")
+    return dist
+
+
+class LearnersDiverged(RuntimeError):
+    """The learners' copies of the model differ: a bug (every rank takes the same step), never retried."""
+
+
+def fingerprint(model: torch.nn.Module) -> torch.Tensor:
+    """Per parameter, the fp64 sum and sum of squares of its values: equal on every rank whose copy
+    is bit for bit the same (and, in practice, different on any that is not)."""
+    rows = [
+        torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+        for p in model.parameters()
+    ]
+    return torch.stack(rows).flatten().cpu()
+
+
+def agree(model: torch.nn.Module, world: int) -> None:
+    """Gather every rank's :func:`fingerprint` and raise :class:`LearnersDiverged` unless all are equal."""
+    mine = fingerprint(model)
+    everyone = [torch.empty_like(mine) for _ in range(world)]
+    _dist().all_gather(everyone, mine)
+    differ = [r for r in range(1, world) if not torch.equal(everyone[r], everyone[0])]
+    if differ:
+        raise LearnersDiverged(
+            f"learner rank(s) {differ} hold weights that differ from rank 0's (largest fingerprint gap "
+            f"{max(float((everyone[r] - everyone[0]).abs().max()) for r in differ):.3g}): the ranks did not "
+            "take the same optimizer step"
+        )
+
+
+class _Step:
+    """One learner step's gradient on this rank's share, summed over ranks (every rank runs this)."""
+
+    def __init__(self, model: torch.nn.Module, world: int, rank: int) -> None:
+        self.model, self.world, self.rank = model, world, rank
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def run(self, plan: StepPlan, settings: dict[str, Any]) -> tuple[LossSums, float]:
+        agree(self.model, self.world)
+        mine = shard_plan(plan, self.rank, self.world)
+        sums = LossSums()
+        if mine.groups:
+            sums = accumulate_gradients(
+                self.model, mine, step_tokens=plan.tokens, step_sequences=len(plan.samples), **settings
+            )
+        t0 = time.perf_counter()
+        self._reduce_grads()
+        totals = torch.tensor([getattr(sums, f.name) for f in fields(LossSums)], dtype=torch.float64)
+        _dist().all_reduce(totals)
+        reduced = LossSums(
+            **{f.name: float(v) for f, v in zip(fields(LossSums), totals.tolist(), strict=True)}
+        )
+        return reduced, time.perf_counter() - t0
+
+    def _reduce_grads(self) -> None:
+        """Sum ``.grad`` over ranks in fp32 buckets; a parameter no rank produced a gradient for keeps
+        ``None`` (as in one process, where the optimizer then skips it)."""
+        dist = _dist()
+        device = self.params[0].device
+        present = torch.tensor([p.grad is not None for p in self.params], dtype=torch.int32, device=device)
+        dist.all_reduce(present)
+        live = [p for p, n in zip(self.params, present.tolist(), strict=True) if n > 0]
+        start = 0
+        while start < len(live):
+            bucket, size = [], 0
+            while start < len(live) and (not bucket or size + live[start].numel() <= BUCKET):
+                bucket.append(live[start])
+                size += live[start].numel()
+                start += 1
+            flat = torch.cat(
+                [
+                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32)
+                    for p in bucket
+                ]
+            )
+            dist.all_reduce(flat)
+            offset = 0
+            for p in bucket:
+                n = p.numel()
+                p.grad = flat[offset : offset + n].view_as(p).to(p.dtype).clone()
+                offset += n
+
+
+class LearnerGroup:
+    """Rank 0's side of the data-parallel learner (one learner: a pass-through to
+    :func:`~toolgym.training.grpo.accumulate_gradients`)."""
+
+    def __init__(
+        self,
+        learners: int,
+        *,
+        backend: str = "gloo",
+        device: str = "cpu",
+        timeout_s: float = 1800.0,
+        log_dir: str | Path | None = None,
+    ) -> None:
+        env_world = torchrun_rank()
+        self.external = env_world is not None  # torchrun started the ranks
+        self.world = env_world[1] if env_world is not None else learners
+        self.backend, self.device, self.timeout_s = backend, device, timeout_s
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.started = False
+        self.synced = False
+        self.steps = 0
+        check_learners(self.world, backend, device)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    # ------------------------------------------------------------------ start and stop
+    def start(self) -> None:
+        """Start (or join) the process group; idempotent."""
+        if self.started or not self.distributed:
+            return
+        dist = _dist()
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        if self.external:
+            dist.init_process_group(self.backend, init_method="env://", timeout=timeout)
+        else:
+            port = _free_port()
+            store = dist.TCPStore("127.0.0.1", port, self.world, is_master=True, wait_for_workers=False)
+            for rank in range(1, self.world):
+                self.children[rank] = self._spawn(rank, port)
+            self._wait_for_children(store)
+            dist.init_process_group(self.backend, store=store, rank=0, world_size=self.world, timeout=timeout)
+        self.started = True
+
+    def _spawn(self, rank: int, port: int) -> subprocess.Popen[bytes]:
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(self.world),
+            TOOLGYM_DIST_BACKEND=self.backend,
+            TOOLGYM_DIST_TIMEOUT=str(self.timeout_s),
+        )
+        out: Any = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"rank-{rank}.log", "wb")  # noqa: SIM115 (the child writes to it)
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "toolgym.training.learners"], env=env, stdout=out, stderr=out
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+
+    def _wait_for_children(self, store: Any) -> None:
+        """Until every child has checked in at the store; one that exits first stops the run."""
+        deadline = time.monotonic() + min(self.timeout_s, 600.0)
+        while True:
+            ready = store.num_keys() - 1  # the store's own key
+            if ready >= self.world - 1:
+                return
+            for rank, child in self.children.items():
+                if child.poll() is not None:
+                    self.close()
+                    raise ConfigError(
+                        f"learner process rank {rank} exited ({_how(child.returncode)}) before it joined the "
+                        f"process group{self._log_tail(rank)}"
+                    )
+            if time.monotonic() > deadline:
+                self.close()
+                raise ConfigError(
+                    f"{self.world - 1 - ready} learner process(es) did not join within "
+                    f"{min(self.timeout_s, 600.0):.0f} s{self._log_tail(1)}"
+                )
+            time.sleep(0.05)
+
+    def _log_tail(self, rank: int) -> str:
+        if self.log_dir is None or not (self.log_dir / f"rank-{rank}.log").exists():
+            return ""
+        lines = (self.log_dir / f"rank-{rank}.log").read_text(errors="replace").strip().splitlines()[-8:]
+        return f"; the end of {self.log_dir / f'rank-{rank}.log'}:\n  " + "\n  ".join(lines) if lines else ""
+
+    def close(self) -> None:
+        """Tell the learners to stop, wait for them (killing any that do not), leave the group."""
+        if self.started:
+            dist = _dist()
+            if all(c.poll() is None for c in self.children.values()):
+                try:
+                    dist.broadcast_object_list([("stop",)], src=0)
+                except Exception:  # noqa: BLE001 (a dead learner: nothing more to say to it)
+                    log.debug("could not tell the learners to stop", exc_info=True)
+            dist.destroy_process_group()
+            self.started = False
+        for child in self.children.values():
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        self.children = {}
+
+    # ------------------------------------------------------------------ one step
+    def accumulate(
+        self,
+        model: torch.nn.Module,
+        optimizer: Any,
+        plan: StepPlan,
+        *,
+        config: Any,
+        step: int,
+        **settings: Any,
+    ) -> tuple[LossSums, dict[str, float]]:
+        """The step's gradient in ``model``'s ``.grad`` (summed over learners) and its loss sums."""
+        if not self.distributed or not plan.samples:
+            return accumulate_gradients(model, plan, **settings), {}
+        self.start()
+        try:
+            if not self.synced:
+                self._check_children(step)
+                state = optimizer.state_dict() if optimizer.steps else None
+                _dist().broadcast_object_list([("init", model, state, config)], src=0)
+                self.synced = True
+            self._check_children(step)
+            _dist().broadcast_object_list([("step", plan, settings)], src=0)
+            sums, seconds = _Step(model, self.world, 0).run(plan, settings)
+        except (RunStopped, LearnersDiverged):
+            raise
+        except Exception as exc:  # a collective failed: which learner, and how
+            raise self._stopped(step, exc) from exc
+        self.steps += 1
+        return sums, {"time/grad_allreduce": seconds, "learners": float(self.world)}
+
+    def finish(self, model: torch.nn.Module, step: int) -> None:
+        """At the end of training: check that every learner holds rank 0's final weights."""
+        if not (self.started and self.synced):
+            return
+        try:
+            self._check_children(step)
+            _dist().broadcast_object_list([("finish",)], src=0)
+            agree(model, self.world)
+        except (RunStopped, LearnersDiverged):
+            raise
+        except Exception as exc:
+            raise self._stopped(step, exc) from exc
+
+    def _check_children(self, step: int) -> None:
+        if any(child.poll() is not None for child in self.children.values()):
+            raise self._stopped(step, None)
+
+    def _stopped(self, step: int, exc: BaseException | None) -> RunStopped:
+        time.sleep(0.2)  # let a dying learner's exit status arrive
+        dead = {r: c.returncode for r, c in self.children.items() if c.poll() is not None}
+        for child in self.children.values():
+            if child.poll() is None:
+                child.kill()
+        self.children = {}
+        if self.started:
+            try:
+                _dist().destroy_process_group()
+            except Exception:  # noqa: BLE001
+                log.debug("destroy_process_group after a failure", exc_info=True)
+            self.started = False
+        who = (
+            ", ".join(f"learner rank {r} exited ({_how(code)})" for r, code in sorted(dead.items()))
+            if dead
+            else f"a collective failed ({type(exc).__name__}: {str(exc).splitlines()[0] if exc else ''})"
+        )
+        return RunStopped(
+            f"{who} during learner step {step}: the run stopped; rerun the same command to resume from its "
+            "last checkpoint"
+        )
+
+
+def _how(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------- ranks 1..N-1
+def worker_main(backend: str | None = None, timeout_s: float | None = None) -> int:
+    """A learner process: join the group, then take rank 0's model and each step's plan until told to stop.
+
+    Started by :class:`LearnerGroup` (the backend and timeout come in the environment, and the process
+    checks in at rank 0's store first) or by torchrun (``toolgym train`` passes them from the config).
+    """
+    dist = _dist()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    spawned = "TOOLGYM_DIST_BACKEND" in os.environ
+    backend = os.environ.get("TOOLGYM_DIST_BACKEND", backend or "gloo")
+    seconds = float(os.environ.get("TOOLGYM_DIST_TIMEOUT", timeout_s or 1800.0))
+    timeout = datetime.timedelta(seconds=seconds)
+    if spawned:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False
+        )
+        store.set(f"learner/{rank}", "ready")
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    fault = os.environ.get(FAULT_ENV, "")
+    fault_rank, _, fault_step = fault.partition(":")
+    model: torch.nn.Module | None = None
+    optimizer: Any = None
+    max_grad_norm = 1.0
+    steps = 0
+    try:
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0)
+            message = box[0]
+            if message[0] == "stop":
+                return 0
+            if message[0] == "finish":
+                if model is not None:
+                    agree(model, world)
+                continue
+            if message[0] == "init":
+                model, optimizer, max_grad_norm = _init(message[1], message[2], message[3])
+                continue
+            _, plan, settings = message
+            steps += 1
+            if fault and int(fault_rank) == rank and int(fault_step) == steps:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if model is None or optimizer is None:
+                raise RuntimeError("a learner step arrived before the model")
+            optimizer.zero_grad()
+            _Step(model, world, rank).run(plan, settings)
+            optimizer.step(max_grad_norm)
+            optimizer.zero_grad()
+    finally:
+        with contextlib.suppress(Exception):  # the group may be gone with rank 0
+            dist.destroy_process_group()
+
+
+def _init(
+    model: torch.nn.Module, state: dict[str, Any] | None, config: Any
+) -> tuple[torch.nn.Module, Any, float]:
+    """Rank 0's model (received whole), an optimizer like rank 0's (its state on a resume), the clip."""
+    from toolgym.training.optim import LearnerOptimizer
+
+    tc = config.train
+    torch.set_num_threads(config.policy.threads or torch.get_num_threads())
+    optimizer = LearnerOptimizer(
+        model.parameters(),
+        lr=tc.lr,
+        weight_decay=tc.weight_decay,
+        betas=tc.betas,
+        schedule=tc.schedule_config(),
+    )
+    if state is not None:
+        optimizer.load_state_dict(state)
+    return model, optimizer, tc.max_grad_norm
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())
