@@ -110,6 +110,20 @@ class LearnerOptimizer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.base_lr * lr_factor(self.schedule, self.steps)
 
+    def reload_masters(self) -> None:
+        """Copy the model's current weights into the fp32 master copies.
+
+        Call it after anything but :meth:`step` changed the weights (the warm start's fine-tune, a
+        reused warm start loaded in place): otherwise the next step would write back the masters'
+        older values and undo that change. A no-op for fp32 parameters (their own masters).
+        """
+        import torch
+
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters, strict=True):
+                if m is not p:
+                    m.copy_(p.detach().to(torch.float32))
+
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None

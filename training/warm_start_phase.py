@@ -77,6 +77,7 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
                 fine_tune, trainer.model, kept, ws, seed=config.train.seed, lock=trainer._weights_lock
             )
         result = summarize(episodes, kept, losses, started, tools=tuple(tools))
+    trainer.optimizer.reload_masters()  # a bf16 model's fp32 masters still hold the weights before it
     with trainer._weights_lock:
         if trainer.weight_sync is not None:
             trainer.weight_sync.sync(trainer.model, trainer.policy.policy_version + 1)

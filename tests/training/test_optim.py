@@ -92,6 +92,24 @@ def test_state_dict_resumes_the_schedule_and_the_master_weights() -> None:
     assert torch.equal(a.weight, b.weight) and torch.equal(opt_a.masters[0], opt_b.masters[0])
 
 
+def test_weights_changed_outside_the_optimizer_survive_its_next_step() -> None:
+    """A warm start fine-tunes a bf16 model after its optimizer made the masters: reload them, or
+    the first RL step writes the old weights back."""
+    model = _bf16_model()
+    optimizer = LearnerOptimizer(model.parameters(), lr=1e-6)
+    with torch.no_grad():
+        model.weight.fill_(0.5)  # the warm start's fine-tune, say
+    stale = _bf16_model()
+    stale_opt = LearnerOptimizer(stale.parameters(), lr=1e-6)
+    with torch.no_grad():
+        stale.weight.fill_(0.5)
+    _step(stale, stale_opt)  # without the reload: back near 0.05
+    assert float(stale.weight.float().max()) < 0.06
+    optimizer.reload_masters()
+    _step(model, optimizer)
+    assert float((model.weight.float() - 0.5).abs().max()) < 1e-2
+
+
 def test_a_model_without_trainable_parameters_is_refused() -> None:
     model = torch.nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ConfigError, match="no trainable parameters"):
