@@ -21,7 +21,10 @@ step) in each mode, alternating, from the same weights and optimizer state each 
 ``full-unshared`` (a full forward and backward pass per sequence), ``full-group`` (each group's
 common prefix once), ``full-step`` (what the trainer does: the prompt all groups share once per
 step, each group's own prefix once on top of it) and ``lora-step`` (the same with LoRA adapters of
-``--lora-rank``, base weights frozen).
+``--lora-rank``, base weights frozen). ``full-step-2`` (not in the default list) is ``full-step`` shared by
+two learner processes over gloo (``train.learners = 2``): each computes half the groups' gradient,
+the sums are all-reduced, both step the optimizer; the weights reach the second process before the
+timed step. Each process uses ``--threads`` threads.
 
 Reported per mode: trainable parameters, seconds per step (best of the rounds), learner tokens/s
 (every token of every trained sequence, divided by the step's time: the same work in every mode),
@@ -50,6 +53,7 @@ from toolgym.agents.rollout import read_trajectories, run_episode, write_traject
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.training.config import load_config
 from toolgym.training.grpo import StepPlan, accumulate_gradients, plan_step
+from toolgym.training.learners import LearnerGroup
 from toolgym.training.lora import trainable_count
 from toolgym.training.rollouts import make_env
 from toolgym.training.trainer import Trainer
@@ -152,31 +156,40 @@ async def make_group(trainer: Trainer, index: int, *, sample: bool) -> list[Traj
             env.close()
 
 
-MODES = {
-    "full-unshared": (False, False, False),
-    "full-group": (False, True, False),
-    "full-step": (False, True, True),
-    "lora-step": (True, True, True),
+MODES = {  # lora, share_prefix, share_across_groups, learner processes
+    "full-unshared": (False, False, False, 1),
+    "full-group": (False, True, False, 1),
+    "full-step": (False, True, True, 1),
+    "lora-step": (True, True, True, 1),
+    "full-step-2": (False, True, True, 2),
 }
+DEFAULT_MODES = "full-unshared,full-group,full-step,lora-step"
 
 
 def timed_step(
-    trainer: Trainer, plan: StepPlan, *, share: bool, across: bool
+    trainer: Trainer, plan: StepPlan, *, share: bool, across: bool, learners: LearnerGroup | None = None
 ) -> tuple[float, PeakRSS, float, float]:
-    """One learner step (gradient over the plan, clip, optimizer step): seconds, memory, loss, grad norm."""
+    """One learner step (gradient over the plan, clip, optimizer step): seconds, memory, loss, grad norm.
+
+    With ``learners`` (a data-parallel group, already given these weights): the gradient is shared
+    between its processes and summed (what ``train.learners = N`` does); memory is this process's.
+    """
     tc = trainer.config.train
     trainer.optimizer.zero_grad()
+    settings = dict(
+        loss=tc.loss_config(),
+        micro_batch=tc.micro_batch,
+        temperature=trainer.config.sampling.temperature,
+        share_prefix=share,
+    )
     with PeakRSS() as memory:
         t0 = time.perf_counter()
-        sums = accumulate_gradients(
-            trainer.model,
-            plan,
-            tc.loss_config(),
-            micro_batch=tc.micro_batch,
-            temperature=trainer.config.sampling.temperature,
-            share_prefix=share,
-            share_across_groups=across,
-        )
+        if learners is not None:
+            sums, _ = learners.accumulate(
+                trainer.model, trainer.optimizer, plan, config=trainer.config, step=1, **settings
+            )
+        else:
+            sums = accumulate_gradients(trainer.model, plan, share_across_groups=across, **settings)
         norm = trainer.optimizer.step(tc.max_grad_norm)
         seconds = time.perf_counter() - t0
     return seconds, memory, sums.pg, norm
@@ -214,15 +227,26 @@ def run(trainers: dict[bool, Trainer], args: argparse.Namespace) -> None:
     }
     modes = [m for m in args.modes.split(",") if m]
     results: dict[str, list[tuple[float, PeakRSS, float, float]]] = {m: [] for m in modes}
-    for r in range(args.rounds):
-        for mode in modes:
-            lora, share, across = MODES[mode]
-            trainer = trainers[lora]
-            weights, optimizer = state[lora]
-            trainer.model.load_state_dict(weights)
-            trainer.optimizer.load_state_dict(optimizer)
-            results[mode].append(timed_step(trainer, plan, share=share, across=across))
-            print(f"round {r + 1} {mode}: {results[mode][-1][0]:.1f} s", flush=True)
+    groups_of: dict[int, LearnerGroup] = {}
+    try:
+        for r in range(args.rounds):
+            for mode in modes:
+                lora, share, across, world = MODES[mode]
+                trainer = trainers[lora]
+                weights, optimizer = state[lora]
+                trainer.model.load_state_dict(weights)
+                trainer.optimizer.load_state_dict(optimizer)
+                learners = None
+                if world > 1:  # the other processes get these weights, outside the timed step
+                    learners = groups_of.setdefault(world, LearnerGroup(world))
+                    t0 = time.perf_counter()
+                    learners.sync(trainer.model, trainer.optimizer, trainer.config)
+                    print(f"round {r + 1} {mode}: weights to the learners {time.perf_counter() - t0:.1f} s")
+                results[mode].append(timed_step(trainer, plan, share=share, across=across, learners=learners))
+                print(f"round {r + 1} {mode}: {results[mode][-1][0]:.1f} s", flush=True)
+    finally:
+        for group in groups_of.values():
+            group.close()
 
     tokens = sum(lengths)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -254,7 +278,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="timed steps per mode (alternating)")
     parser.add_argument("--config", default="learn", help="the shipped config whose shapes to use")
     parser.add_argument("--groups", type=int, default=6, help="groups in the step")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument(
+        "--modes",
+        default=DEFAULT_MODES,
+        help=f"comma-separated, of {', '.join(MODES)} (full-step-2: full-step shared by 2 learner processes)",
+    )
     parser.add_argument("--lora-rank", type=int, default=16, help="rank of the lora-* modes")
     parser.add_argument(
         "--trajectories",

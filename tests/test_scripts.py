@@ -71,6 +71,8 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/train_rollouts.py",
         "bench/gpu_smoke.sh",
         "src/toolgym/cli/__main__.py",
+        "src/toolgym/__main__.py",  # tests/training/test_learners.py: python -m toolgym train (and torchrun)
+        "training/learners.py",  # the learner processes those tests start
         "envs/code_exec/__main__.py",
         "tools/sandbox/image.py",
     }
@@ -135,8 +137,12 @@ def test_bench_eval():
 @pytest.mark.slow
 def test_bench_learner(tmp_path):
     # --smoke: the demo's environment and learner step on a group of 2, with the tiny byte-level model
-    out = run("bench/learner.py", "--smoke", "--rounds", "1", "--trajectories", tmp_path / "group.jsonl")
+    out = run(
+        "bench/learner.py", "--smoke", "--rounds", "1", "--trajectories", tmp_path / "group.jsonl",
+        "--modes", "full-unshared,full-group,full-step,lora-step,full-step-2",
+    )  # fmt: skip
     assert "| lora-step |" in out and "x the speed of full-unshared" in out
+    assert "| full-step-2 |" in out and "weights to the learners" in out
 
 
 @pytest.mark.slow

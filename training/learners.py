@@ -336,13 +336,9 @@ class LearnerGroup:
         """The step's gradient in ``model``'s ``.grad`` (summed over learners) and its loss sums."""
         if not self.distributed or not plan.samples:
             return accumulate_gradients(model, plan, **settings), {}
-        self.start()
         try:
             if not self.synced:
-                self._check_children(step)
-                state = optimizer.state_dict() if optimizer.steps else None
-                _dist().broadcast_object_list([("init", model, state, config)], src=0)
-                self.synced = True
+                self.sync(model, optimizer, config, step=step)
             self._check_children(step)
             _dist().broadcast_object_list([("step", plan, settings)], src=0)
             sums, seconds = _Step(model, self.world, 0).run(plan, settings)
@@ -352,6 +348,21 @@ class LearnerGroup:
             raise self._stopped(step, exc) from exc
         self.steps += 1
         return sums, {"time/grad_allreduce": seconds, "learners": float(self.world)}
+
+    def sync(self, model: torch.nn.Module, optimizer: Any, config: Any, *, step: int = 0) -> None:
+        """Start the group if needed and give every learner ``model`` and ``optimizer``'s state (none
+        before its first step): the first learner step does this; call it again after changing the
+        weights other than by a learner step (the learners' copies are replaced)."""
+        self.start()
+        try:
+            self._check_children(step)
+            state = optimizer.state_dict() if optimizer.steps else None
+            _dist().broadcast_object_list([("init", model, state, config)], src=0)
+        except RunStopped:
+            raise
+        except Exception as exc:
+            raise self._stopped(step, exc) from exc
+        self.synced = True
 
     def finish(self, model: torch.nn.Module, step: int) -> None:
         """At the end of training: check that every learner holds rank 0's final weights."""
