@@ -37,6 +37,9 @@ ALIASES = {
     "src/toolgym/remote.py": "toolgym.serving.client",
     "agents/exports.py": "toolgym.agents.run_exports",
 }
+#: ``python -m toolgym``: the command's entry point, beside the core but part of the composition root
+#: (it only calls toolgym.cli's main; nothing imports it)
+ENTRY_POINTS = {"src/toolgym/__main__.py": "toolgym.cli"}
 # heavy third-party module -> the only places (relative paths, prefixes) allowed to import it
 HEAVY = {
     "torch": ("agents/", "training/", "tools/search/encoder.py"),
@@ -51,6 +54,8 @@ HEAVY = {
 
 def _layer_of(path: Path) -> str:
     """The layer a source file belongs to: its mounted folder, or an application sub-package of the core."""
+    if str(path.relative_to(ROOT)) in ENTRY_POINTS:
+        return ENTRY_POINTS[str(path.relative_to(ROOT))]
     for package, folder in FOLDERS.items():
         if folder in path.parents:
             if package == "toolgym":
