@@ -188,7 +188,8 @@ class _Step:
         live = [p for p, n in zip(self.params, present.tolist(), strict=True) if n > 0]
         start = 0
         while start < len(live):
-            bucket, size = [], 0
+            bucket: list[torch.nn.Parameter] = []
+            size = 0
             while start < len(live) and (not bucket or size + live[start].numel() <= BUCKET):
                 bucket.append(live[start])
                 size += live[start].numel()
