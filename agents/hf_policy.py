@@ -64,14 +64,14 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.chat import IM_END, IM_START
-from toolgym.agents.chat_formats import resolve_chat_format
+from toolgym.agents.chat_formats import ChatFormat, resolve_chat_format
 from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
 from toolgym.agents.prefix_cache import PrefixCache
 from toolgym.core import Completion, SamplingParams
 from toolgym.errors import ConfigError
 
-__all__ = ["HFPolicy", "HFTokenizer"]
+__all__ = ["HFPolicy", "HFTokenizer", "chat_tokenizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +120,23 @@ class HFTokenizer:
 
     def __len__(self) -> int:
         return len(self.hf)
+
+
+def chat_tokenizer(
+    model_dir: Path, chat_format: str = "auto", thinking_budget: int | None = None
+) -> tuple[HFTokenizer, ChatFormat]:
+    """A model directory's tokenizer, stopping at its chat format's end-of-turn tokens, and that format
+    (``auto``: read off the tokenizer): what every policy over a Hugging Face checkpoint renders with."""
+    _, transformers = require_hf("a Hugging Face tokenizer")
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    fmt = resolve_chat_format(
+        chat_format,
+        hf_tokenizer,
+        tokenizer=HFTokenizer(hf_tokenizer, ()),
+        model_dir=model_dir,
+        thinking_budget=thinking_budget,
+    )
+    return HFTokenizer(hf_tokenizer, fmt.stop_tokens), fmt
 
 
 @dataclass
@@ -209,16 +226,7 @@ class HFPolicy(ChatPolicy):
         self._torch = torch
         self.model_dir = resolve_model_dir(model)
         start = time.perf_counter()
-        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir)
-        tokenizer = HFTokenizer(hf_tokenizer, ())
-        fmt = resolve_chat_format(
-            chat_format,
-            hf_tokenizer,
-            tokenizer=tokenizer,
-            model_dir=self.model_dir,
-            thinking_budget=thinking_budget,
-        )
-        super().__init__(HFTokenizer(hf_tokenizer, fmt.stop_tokens), chat_format=fmt)
+        super().__init__(*chat_tokenizer(self.model_dir, chat_format, thinking_budget))
         try:
             self.device = torch.device(device)
         except RuntimeError as exc:

@@ -58,8 +58,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from toolgym.agents.chat_formats import resolve_chat_format
-from toolgym.agents.hf_policy import HFTokenizer
+from toolgym.agents.hf_policy import HFTokenizer, chat_tokenizer
 from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
 from toolgym.agents.vllm_weights import WeightLoaderExtension, checkpoint_names, safetensors_names
@@ -187,7 +186,7 @@ class VLLMPolicy(ChatPolicy):
         thinking_budget: int | None = None,
     ) -> None:
         vllm = require_vllm("VLLMPolicy")
-        _, transformers = require_hf("VLLMPolicy")
+        require_hf("VLLMPolicy")
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         if max_model_len < 16:
@@ -200,15 +199,7 @@ class VLLMPolicy(ChatPolicy):
         self._vllm = vllm
         self._engine_dead: type[BaseException] = EngineDeadError
         self.model_dir = resolve_model_dir(model)
-        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir)
-        fmt = resolve_chat_format(
-            chat_format,
-            hf_tokenizer,
-            tokenizer=HFTokenizer(hf_tokenizer, ()),
-            model_dir=self.model_dir,
-            thinking_budget=thinking_budget,
-        )
-        super().__init__(HFTokenizer(hf_tokenizer, fmt.stop_tokens), chat_format=fmt)
+        super().__init__(*chat_tokenizer(self.model_dir, chat_format, thinking_budget))
         self.eos_token_id = self.tokenizer.eos_token_id
         self.stop_ids = self.tokenizer.stop_ids
         self.vocab_size = len(self.tokenizer)

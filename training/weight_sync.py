@@ -59,7 +59,8 @@ def export_weights(model: Any, path: str | Path) -> Path:
 
 
 class VLLMWeightSync:
-    """Pushes a trainer model's weights into a running :class:`VLLMPolicy` after each step.
+    """Pushes a trainer model's weights into a running :class:`VLLMPolicy` (or a vLLM server,
+    :class:`~toolgym.agents.vllm_server.VLLMServerPolicy`, on this machine) after each step.
 
     Args:
         policy: the engine to update.
@@ -68,8 +69,12 @@ class VLLMWeightSync:
     """
 
     def __init__(self, policy: ServedPolicy, directory: str | Path | None = None) -> None:
-        if not isinstance(policy, VLLMPolicy):
-            raise ConfigError(f"VLLMWeightSync needs a VLLMPolicy, got {type(policy).__name__}")
+        from toolgym.agents.vllm_server import VLLMServerPolicy
+
+        if not isinstance(policy, VLLMPolicy | VLLMServerPolicy):
+            raise ConfigError(
+                f"VLLMWeightSync needs a VLLMPolicy or a VLLMServerPolicy, got {type(policy).__name__}"
+            )
         self.policy = policy
         if directory is None:
             shm = Path("/dev/shm")
