@@ -226,7 +226,8 @@ class HFPolicy(ChatPolicy):
         self._torch = torch
         self.model_dir = resolve_model_dir(model)
         start = time.perf_counter()
-        super().__init__(*chat_tokenizer(self.model_dir, chat_format, thinking_budget))
+        tokenizer, fmt = chat_tokenizer(self.model_dir, chat_format, thinking_budget)
+        super().__init__(tokenizer, chat_format=fmt)
         try:
             self.device = torch.device(device)
         except RuntimeError as exc:

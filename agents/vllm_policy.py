@@ -61,7 +61,7 @@ from typing import Any, Literal
 from toolgym.agents.hf_policy import HFTokenizer, chat_tokenizer
 from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
-from toolgym.agents.vllm_weights import WeightLoaderExtension, checkpoint_names, safetensors_names
+from toolgym.agents.vllm_weights import WeightLoaderExtension, check_weights_file
 from toolgym.core import Completion, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
 
@@ -85,6 +85,29 @@ def require_vllm(purpose: str) -> Any:
     except ImportError as exc:
         raise MissingDependencyError("vllm", "vllm", purpose[0].upper() + purpose[1:]) from exc
     return vllm
+
+
+def check_prompt(token_ids: Sequence[int], vocab_size: int, max_model_len: int) -> list[int]:
+    """A vLLM prompt as ints, refused (ConfigError) when empty, out of the vocabulary or too long."""
+    prompt = [int(t) for t in token_ids]
+    if not prompt:
+        raise ConfigError("generate() needs at least one prompt token (render the chat first)")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise ConfigError(f"prompt token ids must lie in [0, {vocab_size}), got {min(prompt)}..{max(prompt)}")
+    if max_model_len and len(prompt) >= max_model_len:
+        raise ConfigError(
+            f"the prompt has {len(prompt)} tokens but the engine's max_model_len is "
+            f"{max_model_len}; lower the episode's max_total_tokens or raise max_model_len"
+        )
+    return prompt
+
+
+def completion_text(tokenizer: HFTokenizer, stop_tokens: Sequence[str], ids: Sequence[int]) -> str:
+    """A completion's text: its ids decoded without the final end-of-turn id or a trailing marker."""
+    text = tokenizer.decode(list(ids[:-1]) if ids and ids[-1] in tokenizer.stop_ids else list(ids))
+    for marker in stop_tokens:  # a stop string can never leave a trailing marker
+        text = text.removesuffix(marker)
+    return text
 
 
 class _Loop:
@@ -199,7 +222,8 @@ class VLLMPolicy(ChatPolicy):
         self._vllm = vllm
         self._engine_dead: type[BaseException] = EngineDeadError
         self.model_dir = resolve_model_dir(model)
-        super().__init__(*chat_tokenizer(self.model_dir, chat_format, thinking_budget))
+        tokenizer, fmt = chat_tokenizer(self.model_dir, chat_format, thinking_budget)
+        super().__init__(tokenizer, chat_format=fmt)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.stop_ids = self.tokenizer.stop_ids
         self.vocab_size = len(self.tokenizer)
@@ -282,19 +306,7 @@ class VLLMPolicy(ChatPolicy):
 
     # ----------------------------------------------------------------- generation
     def _check_prompt(self, token_ids: Sequence[int]) -> list[int]:
-        prompt = [int(t) for t in token_ids]
-        if not prompt:
-            raise ConfigError("generate() needs at least one prompt token (render the chat first)")
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise ConfigError(
-                f"prompt token ids must lie in [0, {self.vocab_size}), got {min(prompt)}..{max(prompt)}"
-            )
-        if len(prompt) >= self.max_model_len:
-            raise ConfigError(
-                f"the prompt has {len(prompt)} tokens but the engine's max_model_len is "
-                f"{self.max_model_len}; lower the episode's max_total_tokens or raise max_model_len"
-            )
-        return prompt
+        return check_prompt(token_ids, self.vocab_size, self.max_model_len)
 
     def _vllm_sampling(self, sampling: SamplingParams, prompt_len: int, **extra: Any) -> Any:
         sampling.check()
@@ -341,10 +353,7 @@ class VLLMPolicy(ChatPolicy):
         if out.logprobs is None or len(out.logprobs) != len(ids):
             raise PolicyError("vLLM returned no logprob for some sampled token")
         logprobs = [float(step[t].logprob) for step, t in zip(out.logprobs, ids, strict=True)]
-        text_ids = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
-        text = self.tokenizer.decode(text_ids)
-        for marker in self.chat_format.stop_tokens:  # a stop string can never leave a trailing marker
-            text = text.removesuffix(marker)
+        text = completion_text(self.tokenizer, self.chat_format.stop_tokens, ids)
         versions = [int(span.version) for span in (out.weight_versions or []) if span.end > span.start]
         return Completion(
             token_ids=tuple(ids),
@@ -419,18 +428,7 @@ class VLLMPolicy(ChatPolicy):
         get a :class:`~toolgym.errors.PolicyError`). Returns the worker's ``{"tensors", "seconds"}``.
         """
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"weights file {path} does not exist")
-        expected = checkpoint_names(self.model_dir) - {"lm_head.weight"}
-        got = safetensors_names(path) - {"lm_head.weight"}
-        if got != expected:
-            raise ConfigError(
-                f"weights file {path} does not match the served checkpoint: missing "
-                f"{sorted(expected - got)[:5]}, unexpected {sorted(got - expected)[:5]} (export the "
-                "trainer model with toolgym.training.weight_sync.export_weights)"
-            )
-        if version <= self.policy_version:
-            raise ConfigError(f"version must grow: serving {self.policy_version}, asked to load {version}")
+        check_weights_file(path, self.model_dir, self.policy_version, version)
         try:
             result = self.run(self._load(str(path), int(version), mode)).result()
         except self._engine_dead as exc:

@@ -47,7 +47,8 @@ from typing import Any
 from toolgym.agents.hf_policy import HFTokenizer, chat_tokenizer
 from toolgym.agents.models import resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
-from toolgym.agents.vllm_weights import checkpoint_names, safetensors_names
+from toolgym.agents.vllm_policy import check_prompt, completion_text
+from toolgym.agents.vllm_weights import check_weights_file
 from toolgym.core import Completion, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
 
@@ -292,19 +293,7 @@ class VLLMServerPolicy(ChatPolicy):
             raise PolicyError(f"the vLLM server at {self.url} answered {path} with non-JSON") from exc
 
     def _check_prompt(self, token_ids: Sequence[int]) -> list[int]:
-        prompt = [int(t) for t in token_ids]
-        if not prompt:
-            raise ConfigError("generate() needs at least one prompt token (render the chat first)")
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise ConfigError(
-                f"prompt token ids must lie in [0, {self.vocab_size}), got {min(prompt)}..{max(prompt)}"
-            )
-        if self.max_model_len and len(prompt) >= self.max_model_len:
-            raise ConfigError(
-                f"the prompt has {len(prompt)} tokens but the server's max_model_len is {self.max_model_len}; "
-                "lower the episode's max_total_tokens or serve a longer context"
-            )
-        return prompt
+        return check_prompt(token_ids, self.vocab_size, self.max_model_len)
 
     def request_body(self, prompt: list[int], sampling: SamplingParams) -> dict[str, Any]:
         """The ``/v1/completions`` request (the in-process engine's sampling settings)."""
@@ -347,10 +336,7 @@ class VLLMServerPolicy(ChatPolicy):
             raise PolicyError(f"the vLLM server ended the request with finish_reason={finish!r}")
         if len(logprobs) != len(ids):
             raise PolicyError("the vLLM server returned no logprob for some sampled token")
-        text_ids = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
-        text = self.tokenizer.decode(text_ids)
-        for marker in self.chat_format.stop_tokens:
-            text = text.removesuffix(marker)
+        text = completion_text(self.tokenizer, self.chat_format.stop_tokens, ids)
         return Completion(
             token_ids=tuple(ids),
             logprobs=tuple(logprobs),
@@ -398,17 +384,7 @@ class VLLMServerPolicy(ChatPolicy):
         """Reload the served weights from a safetensors file the server can read, and label them
         ``version`` (blocking; from async code through ``asyncio.to_thread``). Returns ``{"tensors", "seconds"}``."""
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"weights file {path} does not exist")
-        expected = checkpoint_names(self.model_dir) - {"lm_head.weight"}
-        got = safetensors_names(path) - {"lm_head.weight"}
-        if got != expected:
-            raise ConfigError(
-                f"weights file {path} does not match the served checkpoint: missing {sorted(expected - got)[:5]}, "
-                f"unexpected {sorted(got - expected)[:5]}"
-            )
-        if version <= self.policy_version:
-            raise ConfigError(f"version must grow: serving {self.policy_version}, asked to load {version}")
+        check_weights_file(path, self.model_dir, self.policy_version, version)
         result = self._load(str(path))
         self.policy_version = int(version)
         logger.info("vLLM server weights v%d loaded in %.2f s", version, result.get("seconds", 0.0))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-__all__ = ["WeightLoaderExtension", "checkpoint_names", "safetensors_names"]
+__all__ = ["WeightLoaderExtension", "check_weights_file", "checkpoint_names", "safetensors_names"]
 
 
 def checkpoint_names(model_dir: Path) -> set[str]:
@@ -25,6 +25,25 @@ def safetensors_names(path: Path) -> set[str]:
 
     with safe_open(str(path), framework="pt") as fh:  # reads the header only
         return set(fh.keys())
+
+
+def check_weights_file(path: Path, model_dir: Path, serving: int, version: int) -> None:
+    """Refuse a reload the engine would fail on or mislabel: a missing file, tensors that are not the
+    served checkpoint's (the tied output head aside), or a version that does not grow (ConfigError)."""
+    from toolgym.errors import ConfigError
+
+    if not path.is_file():
+        raise ConfigError(f"weights file {path} does not exist")
+    expected = checkpoint_names(model_dir) - {"lm_head.weight"}
+    got = safetensors_names(path) - {"lm_head.weight"}
+    if got != expected:
+        raise ConfigError(
+            f"weights file {path} does not match the served checkpoint: missing "
+            f"{sorted(expected - got)[:5]}, unexpected {sorted(got - expected)[:5]} (export the "
+            "trainer model with toolgym.training.weight_sync.export_weights)"
+        )
+    if version <= serving:
+        raise ConfigError(f"version must grow: serving {serving}, asked to load {version}")
 
 
 class WeightLoaderExtension:
