@@ -69,6 +69,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/search_scale.py",
         "bench/serve.py",
         "bench/train_rollouts.py",
+        "bench/weight_sync.py",
         "bench/gpu_smoke.sh",
         "src/toolgym/cli/__main__.py",
         "src/toolgym/__main__.py",  # tests/training/test_learners.py: python -m toolgym train (and torchrun)
@@ -143,6 +144,14 @@ def test_bench_learner(tmp_path):
     )  # fmt: skip
     assert "| lora-step |" in out and "x the speed of full-unshared" in out
     assert "| full-step-2 |" in out and "weights to the learners" in out
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_bench_weight_sync():
+    # --smoke: a 2-layer random model through the in-process engine and the server, two pushes each
+    out = run("bench/weight_sync.py", "--smoke", "--rounds", "2")
+    assert "| random-smoke |" in out and "x the in-process engine's" in out
 
 
 @pytest.mark.slow

@@ -1,0 +1,165 @@
+"""Benchmark the weight sync after a learner step, side by side: in-process engine vs vLLM server, by model size.
+
+Usage::
+
+    python bench/weight_sync.py [--models smollm2,random-1b] [--kinds vllm,vllm-server] [--rounds 3] [--smoke]
+
+For each model and each policy kind it starts the policy (``VLLMPolicy``, an engine inside this
+process's reach, or ``VLLMServerPolicy``, vLLM's own server), loads the learner's fp32 twin
+(``training.policies.learner_model``) and pushes its weights ``--rounds`` times through
+:class:`~toolgym.training.weight_sync.VLLMWeightSync`, as the trainer does after every optimizer
+step: ``export`` (the learner's state dict written as safetensors into ``/dev/shm``), ``load`` (the
+engine's in-place reload, measured inside its worker) and ``sync`` (the whole call, pause and resume
+included). It then checks the push reached the engine: the engine's logprobs of a fixed sequence
+equal the learner's within 1e-3 (fp32).
+
+Models: ``smollm2`` is the embedded SmolLM2-135M-Instruct; ``random-1b`` a randomly initialised Llama
+of 1.0 B parameters (hidden 2048, 20 layers, 32 heads with 8 key/value heads, MLP 5632, SmolLM2's
+tokenizer and vocabulary, tied embeddings), written once to a temporary directory: weights need not
+be trained to be moved. ``--smoke``: a 2-layer random model of hidden 128 (head dimension 64: the CPU attention kernels take no smaller), so ``tests/test_scripts.py``
+runs the script end to end; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+SHAPES = {
+    "random-1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=20,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=5632,
+    ),
+    "random-smoke": dict(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=256,
+    ),
+}
+
+
+def random_model(name: str, where: Path) -> Path:
+    """A randomly initialised Llama of ``SHAPES[name]`` with the embedded model's tokenizer, saved to ``where``."""
+    import torch
+    import transformers
+
+    from toolgym.agents.models import resolve_model_dir
+
+    base = resolve_model_dir(None)
+    config = transformers.AutoConfig.from_pretrained(base)
+    for key, value in SHAPES[name].items():
+        setattr(config, key, value)
+    config.head_dim = config.hidden_size // config.num_attention_heads
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model.save_pretrained(where, safe_serialization=True)
+    for file in base.iterdir():
+        if file.name.startswith(
+            ("tokenizer", "special_tokens", "vocab", "merges", "generation_config", "chat_template")
+        ):
+            shutil.copy(file, where / file.name)
+    return where
+
+
+def make_policy(kind: str, model_dir: Path, max_model_len: int):
+    if kind == "vllm":
+        from toolgym.agents.vllm_policy import VLLMPolicy
+
+        return VLLMPolicy(model_dir, max_model_len=max_model_len, cpu_reserved=0)
+    from toolgym.agents.vllm_server import VLLMServerPolicy
+
+    return VLLMServerPolicy(model_dir, max_model_len=max_model_len, cpu_reserved=0)
+
+
+def measure(kind: str, model_dir: Path, rounds: int) -> dict[str, object]:
+    import torch
+
+    from toolgym.training.loss import token_logprobs
+    from toolgym.training.policies import learner_model
+    from toolgym.training.weight_sync import VLLMWeightSync
+
+    t0 = time.perf_counter()
+    policy = make_policy(kind, model_dir, 512)
+    start = time.perf_counter() - t0
+    try:
+        learner = learner_model(model_dir)
+        params = sum(p.numel() for p in learner.parameters())
+        rows = []
+        with VLLMWeightSync(policy) as sync:
+            for r in range(rounds):
+                with torch.no_grad():  # a step's worth of change, so every push carries new weights
+                    for p in learner.parameters():
+                        p.add_(torch.randn_like(p) * 1e-4)
+                rows.append(sync.sync(learner, r + 1))
+        sequence = policy.render([{"role": "user", "content": "Say a word."}]) + policy.tokenizer.encode(
+            "Apple."
+        )
+        with torch.no_grad():
+            mine = token_logprobs(learner, [sequence])[0][0, 1:].tolist()
+        theirs = asyncio.run(policy.score(sequence))
+        gap = max(abs(a - b) for a, b in zip(mine, theirs, strict=True))
+    finally:
+        policy.close()
+    return {"params": params, "start": start, "rows": rows, "gap": gap}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="smollm2,random-1b", help="comma-separated: smollm2, random-1b")
+    parser.add_argument("--kinds", default="vllm,vllm-server", help="comma-separated: vllm, vllm-server")
+    parser.add_argument("--rounds", type=int, default=3, help="pushes per model and kind")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny random model, one kind's rounds: numbers mean nothing"
+    )
+    args = parser.parse_args()
+    models = ["random-smoke"] if args.smoke else [m for m in args.models.split(",") if m]
+    kinds = [k for k in args.kinds.split(",") if k]
+    print(f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in models:
+            if name == "smollm2":
+                from toolgym.agents.models import resolve_model_dir
+
+                model_dir = resolve_model_dir(None)
+            else:
+                model_dir = random_model(name, Path(tmp) / name)
+            for kind in kinds:
+                out = measure(kind, model_dir, args.rounds)
+                results.append((name, kind, out))
+                print(
+                    f"{name} {kind}: {out['params'] / 1e6:.0f}M parameters, started in {out['start']:.0f} s",
+                    flush=True,
+                )
+    print(
+        "\n| model | parameters | policy | export s | load s | sync s (median) | learner vs engine logprob gap |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, kind, out in results:
+        rows = out["rows"]
+        med = {k: statistics.median(r[f"time/weight_{k}"] for r in rows) for k in ("export", "load", "sync")}
+        print(
+            f"| {name} | {out['params'] / 1e6:.0f}M | {kind} | {med['export']:.2f} | {med['load']:.2f} | "
+            f"{med['sync']:.2f} | {out['gap']:.1e} |"
+        )
+    by = {(n, k): statistics.median(r["time/weight_sync"] for r in o["rows"]) for n, k, o in results}
+    for name in models:
+        if (name, "vllm") in by and (name, "vllm-server") in by:
+            print(
+                f"{name}: the server's sync takes {by[(name, 'vllm-server')] / by[(name, 'vllm')]:.2f}x the in-process engine's"
+            )
+
+
+if __name__ == "__main__":
+    main()
