@@ -33,8 +33,10 @@ by the policy on this machine, or given by URL. Unlike :class:`~toolgym.agents.h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -177,7 +179,10 @@ class VLLMServerPolicy(ChatPolicy):
             log_path = name
         self.log_path = Path(log_path)
         with open(self.log_path, "wb") as out:
-            self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+            # its own process group: the engine core and workers it spawns go with it on close()
+            self.process = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         logger.info("starting a vLLM server for %s on port %d (log: %s)", self.model_dir, port, self.log_path)
         return f"http://127.0.0.1:{port}"
 
@@ -187,7 +192,7 @@ class VLLMServerPolicy(ChatPolicy):
         while True:
             if self.process is not None and self.process.poll() is not None:
                 code = self.process.returncode
-                self.process = None
+                self.close()  # whatever it spawned goes too
                 raise ConfigError(f"the vLLM server exited ({code}) before it was ready{self._log_tail()}")
             try:
                 if self._http.get(f"{self.url}/health", timeout=5.0).status_code == 200:
@@ -233,15 +238,17 @@ class VLLMServerPolicy(ChatPolicy):
         return str(served["id"]), int(served.get("max_model_len") or 0), vllm_version
 
     def close(self) -> None:
-        """Stop the server this policy started (a server given by URL is left running). Idempotent."""
+        """Stop the server this policy started, with the engine processes it spawned (its whole process
+        group, even when the server itself already died); a server given by URL is left running.
+        Idempotent."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if process is None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=60)
+        _signal_group(process.pid, signal.SIGKILL)  # whatever of the group is left
+        process.wait()
 
     def __enter__(self) -> VLLMServerPolicy:
         return self
@@ -389,6 +396,11 @@ class VLLMServerPolicy(ChatPolicy):
         self.policy_version = int(version)
         logger.info("vLLM server weights v%d loaded in %.2f s", version, result.get("seconds", 0.0))
         return result
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def _cuda_available() -> bool:

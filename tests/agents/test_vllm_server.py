@@ -191,11 +191,15 @@ async def test_training_pushes_each_step_into_the_server(server, tmp_path: Path)
 @pytest.mark.skipif(SKIP_VLLM, reason="TOOLGYM_SKIP_VLLM=1 asks to skip the vLLM engine tests")
 async def test_a_server_that_dies_makes_the_episode_an_infra_error(server) -> None:
     """Last in the module: it kills the shared server."""
+    import psutil
+
     from toolgym.agents.harness import get_harness
     from toolgym.agents.rollout import run_episode
     from toolgym.registry import make
 
-    server.process.kill()
+    group = [p for p in psutil.process_iter() if _pgid(p.pid) == server.process.pid]
+    assert len(group) >= 2, "the server's engine processes share its process group"
+    server.process.kill()  # the API server dies; its engine processes outlive it until close()
     server.process.wait()
     with pytest.raises(PolicyError, match="did not answer /v1/completions"):
         await server.generate(server.render(PROMPTS[0]), SamplingParams(max_tokens=4))
@@ -205,3 +209,13 @@ async def test_a_server_that_dies_makes_the_episode_an_infra_error(server) -> No
     finally:
         env.close()
     assert trajectory.status == "infra_error"
+    server.close()  # the whole group goes, the orphaned engine processes included
+    _, alive = psutil.wait_procs([p for p in group if p.is_running()], timeout=30)
+    assert not alive, f"server processes left running: {[p.pid for p in alive]}"
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
