@@ -12,6 +12,7 @@ from toolgym.lazy import lazy_exports
 _EXPORTS = {
     "HFPolicy": "toolgym.agents.hf_policy",
     "VLLMPolicy": "toolgym.agents.vllm_policy",
+    "VLLMServerPolicy": "toolgym.agents.vllm_server",
     "HTTPPolicy": "toolgym.agents.http_policy",
     "ChatPolicy": "toolgym.agents.policy",
     "ScriptedPolicy": "toolgym.agents.policy",

@@ -126,8 +126,9 @@ def _dist() -> Any:
     return dist
 
 
-class LearnersDiverged(RuntimeError):
-    """The learners' copies of the model differ: a bug (every rank takes the same step), never retried."""
+class LearnersDiverged(RunStopped):
+    """The learners' copies of the model differ: a bug (every rank takes the same step). The run stops;
+    a rerun resumes from rank 0's checkpoint and gives every learner those weights again."""
 
 
 def fingerprint(model: torch.nn.Module) -> torch.Tensor:
@@ -142,9 +143,10 @@ def fingerprint(model: torch.nn.Module) -> torch.Tensor:
 
 def agree(model: torch.nn.Module, world: int) -> None:
     """Gather every rank's :func:`fingerprint` and raise :class:`LearnersDiverged` unless all are equal."""
-    mine = fingerprint(model)
+    mine = fingerprint(model).to(next(model.parameters()).device)  # NCCL gathers CUDA tensors
     everyone = [torch.empty_like(mine) for _ in range(world)]
     _dist().all_gather(everyone, mine)
+    everyone = [t.cpu() for t in everyone]
     differ = [r for r in range(1, world) if not torch.equal(everyone[r], everyone[0])]
     if differ:
         raise LearnersDiverged(
@@ -171,7 +173,10 @@ class _Step:
             )
         t0 = time.perf_counter()
         self._reduce_grads()
-        totals = torch.tensor([getattr(sums, f.name) for f in fields(LossSums)], dtype=torch.float64)
+        device = self.params[0].device
+        totals = torch.tensor(
+            [getattr(sums, f.name) for f in fields(LossSums)], dtype=torch.float64, device=device
+        )
         _dist().all_reduce(totals)
         reduced = LossSums(
             **{f.name: float(v) for f, v in zip(fields(LossSums), totals.tolist(), strict=True)}
@@ -231,6 +236,20 @@ class LearnerGroup:
         self.synced = False
         self.steps = 0
         check_learners(self.world, backend, device)
+
+    def check_config(self, config: Any) -> None:
+        """The config's limits on several learners, for a world size the config did not set (torchrun)."""
+        tc = config.train
+        if self.world > tc.tasks_per_step:
+            raise ConfigError(
+                f"{self.world} learner processes (torchrun's world size) but train.tasks_per_step is "
+                f"{tc.tasks_per_step}: a learner would never get a group; use at most as many learners as groups"
+            )
+        if self.distributed and tc.kl_coef > 0:
+            raise ConfigError(
+                "train.kl_coef > 0 with several learners: the KL's reference model is not kept on the other "
+                "learners yet; use one learner, or kl_coef = 0"
+            )
 
     @property
     def distributed(self) -> bool:
@@ -343,7 +362,7 @@ class LearnerGroup:
             self._check_children(step)
             _dist().broadcast_object_list([("step", plan, settings)], src=0)
             sums, seconds = _Step(model, self.world, 0).run(plan, settings)
-        except (RunStopped, LearnersDiverged):
+        except RunStopped:  # LearnersDiverged included
             raise
         except Exception as exc:  # a collective failed: which learner, and how
             raise self._stopped(step, exc) from exc
@@ -373,7 +392,7 @@ class LearnerGroup:
             self._check_children(step)
             _dist().broadcast_object_list([("finish",)], src=0)
             agree(model, self.world)
-        except (RunStopped, LearnersDiverged):
+        except RunStopped:  # LearnersDiverged included
             raise
         except Exception as exc:
             raise self._stopped(step, exc) from exc

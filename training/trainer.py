@@ -110,6 +110,16 @@ class Trainer:
         torch.manual_seed(config.train.seed)
         for env in config.envs:  # a wrong id stops the run before a model is loaded
             check_id(env.id)
+        from toolgym.training.learners import LearnerGroup
+
+        self.learners = LearnerGroup(  # checked before a model loads; processes start at the first step
+            config.train.learners,
+            backend=config.train.dist_backend,
+            device=config.policy.learner_device,
+            timeout_s=config.train.learner_timeout,
+            log_dir=self.run_dir / "learners",
+        )
+        self.learners.check_config(config)
         if policy is not None:
             require_trainable(policy)
         self._owns_policy = policy is None
@@ -144,15 +154,6 @@ class Trainer:
             weight_decay=tc.weight_decay,
             betas=tc.betas,
             schedule=tc.schedule_config(),
-        )
-        from toolgym.training.learners import LearnerGroup
-
-        self.learners = LearnerGroup(
-            tc.learners,
-            backend=tc.dist_backend,
-            device=config.policy.learner_device,
-            timeout_s=tc.learner_timeout,
-            log_dir=self.run_dir / "learners",
         )
         self.reference = None
         if tc.kl_coef > 0:

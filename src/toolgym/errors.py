@@ -20,8 +20,11 @@ The rule is *whose fault it is*, and each answer has exactly one handling:
 
 A run that cannot go on raises :class:`RunStopped` with a message saying why and how to resume:
 :class:`InfraDown` when the infrastructure stays down (too many consecutive groups of episodes were
-all ``infra_error``), :class:`CheckpointError` when the run directory refuses writes. Rerunning the
-same command resumes from the last checkpoint, losing nothing and counting nothing twice.
+all ``infra_error``), :class:`CheckpointError` when the run directory refuses writes; the
+data-parallel learner raises it when a learner process dies (naming the rank and its signal or exit
+code) and, as ``toolgym.training.learners.LearnersDiverged``, when the learners' weights differ (a
+bug). Rerunning the same command resumes from the last checkpoint, losing nothing and counting
+nothing twice.
 
 Where each exception type is placed (each in exactly one of the four families above):
 

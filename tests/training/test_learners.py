@@ -166,6 +166,18 @@ def test_a_kl_reference_with_several_learners_is_refused() -> None:
         load_config(None, [*OVERRIDES, "train.learners=2", "train.kl_coef=0.1"])
 
 
+def test_torchruns_world_size_is_checked_against_the_config_too(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    group = LearnerGroup(1)  # the config says one; torchrun's four decide
+    assert group.world == 4 and group.external
+    with pytest.raises(ConfigError, match=r"4 learner processes \(torchrun's world size\)"):
+        group.check_config(load_config(None, OVERRIDES))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="kl_coef > 0 with several learners"):
+        LearnerGroup(1).check_config(load_config(None, [*OVERRIDES, "train.kl_coef=0.1"]))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_nccl_without_cuda_is_refused() -> None:
     with pytest.raises(ConfigError, match="'nccl' needs CUDA"):
