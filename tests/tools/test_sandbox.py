@@ -158,7 +158,9 @@ def test_attack_memory_bomb_sets_oom_flag(sandbox: DockerSandbox) -> None:
 @pytest.mark.docker
 def test_attack_infinite_loop_killed_within_a_second_of_deadline(sandbox: DockerSandbox) -> None:
     result = _run(sandbox, "while True: pass", timeout=2)
-    assert result.timed_out and 2.0 <= result.duration_s < 3.0
+    # the CPU-time limit equals the deadline, so on an idle core either may end the loop first
+    assert result.timed_out or result.cpu_time_exceeded, result
+    assert result.exit_code != 0 and result.duration_s < 3.0
 
 
 @pytest.mark.docker
