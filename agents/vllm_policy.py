@@ -71,9 +71,9 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _EXTENSION = "toolgym.agents.vllm_weights.WeightLoaderExtension"
-_GiB = 1 << 30
-_CPU_BLOCK_SIZE = 32  # the smallest KV block the CPU attention backend accepts
-_CPU_BATCHED_TOKENS = 2048  # vLLM's default token budget of a step
+GiB = 1 << 30
+CPU_BLOCK_SIZE = 32  # the smallest KV block the CPU attention backend accepts
+CPU_BATCHED_TOKENS = 2048  # vLLM's default token budget of a step
 #: How often a request waiting for output checks that the engine is still alive (seconds).
 _ALIVE_CHECK_S = 1.0
 
@@ -242,17 +242,17 @@ class VLLMPolicy(ChatPolicy):
             "logprobs_mode": "processed_logprobs",
             "worker_extension_cls": _EXTENSION,
             "gpu_memory_utilization": gpu_memory_utilization,
-            "block_size": _CPU_BLOCK_SIZE if self.on_cpu else None,
+            "block_size": CPU_BLOCK_SIZE if self.on_cpu else None,
         }
         if kv_cache_gib is not None:
-            args["kv_cache_memory_bytes"] = int(kv_cache_gib * _GiB)
+            args["kv_cache_memory_bytes"] = int(kv_cache_gib * GiB)
         if self.on_cpu:
             # NOTE (seeded sampling on CPU): vLLM rewinds a seeded request's generator after a partial
             # prefill with set_offset, which CPU generators do not have: the engine dies ("CPU
             # Generator does not use offset") as soon as a busy step chunks a seeded prompt. Whole
             # prompts only (a step's token budget must then hold the longest one).
             args["enable_chunked_prefill"] = False
-            args["max_num_batched_tokens"] = max(_CPU_BATCHED_TOKENS, max_model_len)
+            args["max_num_batched_tokens"] = max(CPU_BATCHED_TOKENS, max_model_len)
         args.update(engine_kwargs or {})
         self.policy_version = 0
         self._ids = itertools.count()

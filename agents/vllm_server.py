@@ -37,7 +37,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,10 +48,11 @@ from typing import Any
 from toolgym.agents.hf_policy import HFTokenizer, chat_tokenizer
 from toolgym.agents.models import resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
-from toolgym.agents.vllm_policy import check_prompt, completion_text
+from toolgym.agents.vllm_policy import CPU_BATCHED_TOKENS, CPU_BLOCK_SIZE, GiB, check_prompt, completion_text
 from toolgym.agents.vllm_weights import check_weights_file
 from toolgym.core import Completion, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
+from toolgym.procs import free_port, log_tail
 
 __all__ = ["VLLMServerPolicy"]
 
@@ -60,7 +60,6 @@ logger = logging.getLogger(__name__)
 
 _EXTENSION = "toolgym.agents.vllm_weights.WeightLoaderExtension"
 _SERVED_NAME = "toolgym-policy"
-_GiB = 1 << 30
 
 
 def _httpx() -> Any:
@@ -69,12 +68,6 @@ def _httpx() -> Any:
     except ImportError as exc:
         raise MissingDependencyError("httpx", "http", "VLLMServerPolicy") from exc
     return httpx
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class VLLMServerPolicy(ChatPolicy):
@@ -154,7 +147,7 @@ class VLLMServerPolicy(ChatPolicy):
         server_args: Sequence[str],
         log_path: str | Path | None,
     ) -> str:
-        port = _free_port()
+        port = free_port()
         on_cpu = not _cuda_available()
         args = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -165,10 +158,10 @@ class VLLMServerPolicy(ChatPolicy):
             "--enable-prefix-caching",
         ]  # fmt: skip
         if on_cpu:  # the in-process engine's CPU settings (agents/vllm_policy.py says why)
-            args += ["--enforce-eager", "--block-size", "32", "--no-enable-chunked-prefill"]
-            args += ["--max-num-batched-tokens", str(max(2048, max_model_len))]
+            args += ["--enforce-eager", "--block-size", str(CPU_BLOCK_SIZE), "--no-enable-chunked-prefill"]
+            args += ["--max-num-batched-tokens", str(max(CPU_BATCHED_TOKENS, max_model_len))]
         if kv_cache_gib is not None or on_cpu:
-            args += ["--kv-cache-memory-bytes", str(int((kv_cache_gib or 1.0) * _GiB))]
+            args += ["--kv-cache-memory-bytes", str(int((kv_cache_gib or 1.0) * GiB))]
         args += list(server_args)
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
         if cpu_reserved is not None and on_cpu:
@@ -208,10 +201,7 @@ class VLLMServerPolicy(ChatPolicy):
             time.sleep(0.5)
 
     def _log_tail(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        lines = self.log_path.read_text(errors="replace").strip().splitlines()[-10:]
-        return f"; the end of {self.log_path}:\n  " + "\n  ".join(lines)
+        return log_tail(self.log_path, 10)
 
     def _check_server(self) -> tuple[str, int, str]:
         """The served model's name and length, and vLLM's version, after checking it is the model asked for."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,18 +23,13 @@ from typing import Any
 
 import httpx
 
+from toolgym.procs import free_port
 from toolgym.registry import make
 from toolgym.serving.client import ServedEnv
 
 SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "history of the city"}}</tool_call>'
 ANSWER = '<tool_call>{"name": "answer", "arguments": {"answer": "Paris"}}</tool_call>'
 PYTHON = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_server(env_id: str, max_sessions: int) -> tuple[subprocess.Popen[bytes], str]:

@@ -43,7 +43,6 @@ import datetime
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +54,7 @@ from typing import Any
 import torch
 
 from toolgym.errors import ConfigError, RunStopped
+from toolgym.procs import free_port, log_tail
 from toolgym.training.batching import LossSums
 from toolgym.training.grpo import StepPlan, accumulate_gradients
 
@@ -265,7 +265,7 @@ class LearnerGroup:
         if self.external:
             dist.init_process_group(self.backend, init_method="env://", timeout=timeout)
         else:
-            port = _free_port()
+            port = free_port()
             store = dist.TCPStore("127.0.0.1", port, self.world, is_master=True, wait_for_workers=False)
             for rank in range(1, self.world):
                 self.children[rank] = self._spawn(rank, port)
@@ -318,10 +318,7 @@ class LearnerGroup:
             time.sleep(0.05)
 
     def _log_tail(self, rank: int) -> str:
-        if self.log_dir is None or not (self.log_dir / f"rank-{rank}.log").exists():
-            return ""
-        lines = (self.log_dir / f"rank-{rank}.log").read_text(errors="replace").strip().splitlines()[-8:]
-        return f"; the end of {self.log_dir / f'rank-{rank}.log'}:\n  " + "\n  ".join(lines) if lines else ""
+        return log_tail(None if self.log_dir is None else self.log_dir / f"rank-{rank}.log", 8)
 
     def close(self) -> None:
         """Tell the learners to stop, wait for them (killing any that do not), leave the group."""
@@ -434,12 +431,6 @@ def _how(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit code {code}"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------------- ranks 1..N-1
