@@ -199,23 +199,29 @@ class GRPOConfig:
     def _check_learners(self) -> None:
         if self.learners < 1:
             raise ConfigError(f"train.learners must be >= 1, got {self.learners}")
-        if self.learners > self.tasks_per_step:
-            raise ConfigError(
-                f"train.learners ({self.learners}) is more than train.tasks_per_step ({self.tasks_per_step}): "
-                "a learner would never get a group; use at most as many learners as groups per step"
-            )
+        self.check_learner_count(self.learners, f"train.learners ({self.learners})", "train.learners > 1")
         if self.dist_backend not in ("gloo", "nccl"):
             raise ConfigError(
                 f"train.dist_backend must be 'gloo' or 'nccl', got {self.dist_backend!r}."
                 f"{did_you_mean(self.dist_backend, ['gloo', 'nccl'])}"
             )
-        if self.learners > 1 and self.kl_coef > 0:
-            raise ConfigError(
-                "train.kl_coef > 0 with train.learners > 1: the KL's reference model is not kept on the "
-                "other learners yet; use one learner, or kl_coef = 0"
-            )
         if self.learner_timeout <= 0:
             raise ConfigError(f"train.learner_timeout must be > 0 seconds, got {self.learner_timeout}")
+
+    def check_learner_count(self, world: int, named: str, several: str) -> None:
+        """Refuse ``world`` learner processes (``named``/``several`` say where the number came from: the
+        config, or torchrun's world size) that this config cannot use: more than its groups per step,
+        or several with a KL reference model."""
+        if world > self.tasks_per_step:
+            raise ConfigError(
+                f"{named} is more than train.tasks_per_step ({self.tasks_per_step}): a learner would never "
+                "get a group; use at most as many learners as groups per step"
+            )
+        if world > 1 and self.kl_coef > 0:
+            raise ConfigError(
+                f"train.kl_coef > 0 with {several}: the KL's reference model is not kept on the other "
+                "learners yet; use one learner, or kl_coef = 0"
+            )
 
     def loss_config(self) -> LossConfig:
         """The step's surrogate (:class:`~toolgym.training.loss.LossConfig`)."""

@@ -105,7 +105,7 @@ def torchrun_rank() -> tuple[int, int] | None:
 
 
 def check_learners(learners: int, backend: str, device: str) -> None:
-    """Refuse a process group this machine cannot build (NCCL without CUDA, gloo on CUDA tensors)."""
+    """Refuse a process group this machine cannot build (NCCL without CUDA, or with a CPU learner)."""
     if learners < 2:
         return
     if backend == "nccl" and not torch.cuda.is_available():
@@ -138,12 +138,12 @@ def fingerprint(model: torch.nn.Module) -> torch.Tensor:
         torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
         for p in model.parameters()
     ]
-    return torch.stack(rows).flatten().cpu()
+    return torch.stack(rows).flatten()
 
 
 def agree(model: torch.nn.Module, world: int) -> None:
     """Gather every rank's :func:`fingerprint` and raise :class:`LearnersDiverged` unless all are equal."""
-    mine = fingerprint(model).to(next(model.parameters()).device)  # NCCL gathers CUDA tensors
+    mine = fingerprint(model)  # on the parameters' device: NCCL gathers CUDA tensors
     everyone = [torch.empty_like(mine) for _ in range(world)]
     _dist().all_gather(everyone, mine)
     everyone = [t.cpu() for t in everyone]
@@ -234,22 +234,13 @@ class LearnerGroup:
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.started = False
         self.synced = False
-        self.steps = 0
         check_learners(self.world, backend, device)
 
     def check_config(self, config: Any) -> None:
         """The config's limits on several learners, for a world size the config did not set (torchrun)."""
-        tc = config.train
-        if self.world > tc.tasks_per_step:
-            raise ConfigError(
-                f"{self.world} learner processes (torchrun's world size) but train.tasks_per_step is "
-                f"{tc.tasks_per_step}: a learner would never get a group; use at most as many learners as groups"
-            )
-        if self.distributed and tc.kl_coef > 0:
-            raise ConfigError(
-                "train.kl_coef > 0 with several learners: the KL's reference model is not kept on the other "
-                "learners yet; use one learner, or kl_coef = 0"
-            )
+        config.train.check_learner_count(
+            self.world, f"{self.world} learner processes (torchrun's world size)", "several learners"
+        )
 
     @property
     def distributed(self) -> bool:
@@ -363,7 +354,6 @@ class LearnerGroup:
             raise
         except Exception as exc:  # a collective failed: which learner, and how
             raise self._stopped(step, exc) from exc
-        self.steps += 1
         return sums, {"time/grad_allreduce": seconds, "learners": float(self.world)}
 
     def sync(self, model: torch.nn.Module, optimizer: Any, config: Any, *, step: int = 0) -> None:
@@ -471,8 +461,15 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
                 if model is not None:
                     agree(model, world)
                 continue
-            if message[0] == "init":
-                model, optimizer, max_grad_norm = _init(message[1], message[2], message[3])
+            if message[0] == "init":  # rank 0's model, whole; its optimizer state on a resume; the config
+                from toolgym.training.optim import LearnerOptimizer
+
+                model, state, config = message[1:]
+                torch.set_num_threads(config.policy.threads or torch.get_num_threads())
+                optimizer = LearnerOptimizer.from_config(model.parameters(), config.train)
+                if state is not None:
+                    optimizer.load_state_dict(state)
+                max_grad_norm = config.train.max_grad_norm
                 continue
             _, plan, settings = message
             steps += 1
@@ -487,26 +484,6 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
     finally:
         with contextlib.suppress(Exception):  # the group may be gone with rank 0
             dist.destroy_process_group()
-
-
-def _init(
-    model: torch.nn.Module, state: dict[str, Any] | None, config: Any
-) -> tuple[torch.nn.Module, Any, float]:
-    """Rank 0's model (received whole), an optimizer like rank 0's (its state on a resume), the clip."""
-    from toolgym.training.optim import LearnerOptimizer
-
-    tc = config.train
-    torch.set_num_threads(config.policy.threads or torch.get_num_threads())
-    optimizer = LearnerOptimizer(
-        model.parameters(),
-        lr=tc.lr,
-        weight_decay=tc.weight_decay,
-        betas=tc.betas,
-        schedule=tc.schedule_config(),
-    )
-    if state is not None:
-        optimizer.load_state_dict(state)
-    return model, optimizer, tc.max_grad_norm
 
 
 if __name__ == "__main__":

@@ -97,6 +97,18 @@ class LearnerOptimizer:
         self.steps = 0
         self._apply_lr()
 
+    @classmethod
+    def from_config(cls, params: Iterable[torch.nn.Parameter], train: Any) -> LearnerOptimizer:
+        """The optimizer ``[train]`` describes (``lr``, ``weight_decay``, ``betas``, the schedule): the
+        trainer's, and every data-parallel learner's copy of it."""
+        return cls(
+            params,
+            lr=train.lr,
+            weight_decay=train.weight_decay,
+            betas=train.betas,
+            schedule=train.schedule_config(),
+        )
+
     @property
     def lr(self) -> float:
         """The learning rate of the next step."""

@@ -148,13 +148,7 @@ class Trainer:
         self._weights_lock: AbstractContextManager[Any] = (
             self.policy.weights_lock if isinstance(self.policy, TrainablePolicy) else threading.RLock()
         )
-        self.optimizer = LearnerOptimizer(
-            self.model.parameters(),
-            lr=tc.lr,
-            weight_decay=tc.weight_decay,
-            betas=tc.betas,
-            schedule=tc.schedule_config(),
-        )
+        self.optimizer = LearnerOptimizer.from_config(self.model.parameters(), tc)
         self.reference = None
         if tc.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
