@@ -58,7 +58,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from toolgym.agents.hf_policy import HFTokenizer, chat_tokenizer
+from toolgym.agents.hf_tokenizer import HFTokenizer, chat_tokenizer
 from toolgym.agents.models import require_hf, resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
 from toolgym.agents.vllm_weights import WeightLoaderExtension, check_weights_file

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.agents.hf_policy import HFTokenizer, chat_tokenizer
+from toolgym.agents.hf_tokenizer import HFTokenizer, chat_tokenizer
 from toolgym.agents.models import resolve_model_dir
 from toolgym.agents.policy import ChatPolicy
 from toolgym.agents.vllm_policy import CPU_BATCHED_TOKENS, CPU_BLOCK_SIZE, GiB, check_prompt, completion_text
