@@ -24,15 +24,15 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     """``toolgym train --config FILE|NAME [key=value ...] --out DIR``; resumes if DIR holds a checkpoint.
 
     Under ``torchrun`` every rank runs this command: rank 0 trains, the others become learner
-    processes (:func:`toolgym.training.learners.worker_main`) until rank 0 is done.
+    processes (:func:`toolgym.training.learners.worker_main`) until rank 0 is done, and then end
+    the process (:func:`toolgym.training.learners.exit_worker`): they never return.
     """
     config = load_config(config_path, overrides)
-    from toolgym.training.learners import torchrun_rank, worker_main
+    from toolgym.training.learners import exit_worker, torchrun_rank, worker_main
 
     ranked = torchrun_rank()
-    if ranked is not None and ranked[0] > 0:
-        worker_main(config.train.dist_backend, config.train.learner_timeout)
-        return Path(out_dir)
+    if ranked is not None and ranked[0] > 0:  # a learner process: it ends here, with its exit code
+        exit_worker(worker_main(config.train.dist_backend, config.train.learner_timeout))
     check_trackers(config.train.loggers)  # a missing package stops the run before any work
     _exit_cleanly_on_sigterm()
     trackers = Trackers()

@@ -49,7 +49,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -65,6 +65,7 @@ __all__ = [
     "agree",
     "fingerprint",
     "shard_groups",
+    "exit_worker",
     "torchrun_rank",
     "worker_main",
 ]
@@ -486,5 +487,18 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
             dist.destroy_process_group()
 
 
+def exit_worker(code: int) -> NoReturn:
+    """End a learner process now, with ``code``, skipping the interpreter's teardown.
+
+    The process group is gone by then, but the teardown still runs C++ destructors of the distributed
+    and threading libraries a learner loaded; one of them can abort the process (SIGABRT, "terminate
+    called without an active exception") after its work is done, which torchrun reports as a failed
+    run. A learner holds nothing that needs the teardown: no open run files, no trackers.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(worker_main())
+    exit_worker(worker_main())
