@@ -47,7 +47,7 @@ HEAVY = {
     "faiss": ("tools/search/dense.py",),
     "vllm": ("agents/vllm_policy.py", "training/weight_sync.py"),
     "docker": ("tools/sandbox/",),
-    "ray": ("training/ray_backend.py", "agents/ray_"),
+    "ray": ("training/ray_backend.py", "training/learner_actors.py", "agents/ray_"),
     "peft": ("training/lora.py",),
 }
 

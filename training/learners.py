@@ -21,7 +21,9 @@ that hold a copy of the trained model and its optimizer and do nothing but compu
 Starting. ``toolgym train --learners N`` (``train.learners = N``) starts ranks 1..N-1 as child
 processes (``python -m toolgym.training.learners``), which meet rank 0 through a ``TCPStore`` on
 localhost; a child that exits before it joins stops the run with its log's last lines
-(``RUN/learners/rank-K.log``). Under ``torchrun --nproc-per-node N -m toolgym train ...`` the ranks
+(``RUN/learners/rank-K.log``); with ``train.backend = "ray"`` they run in Ray actors instead, on
+the trainer's Ray node (:mod:`toolgym.training.learner_actors`). Under ``torchrun --nproc-per-node N
+-m toolgym train ...`` the ranks
 are torchrun's (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``): rank 0 trains, the others
 enter :func:`worker_main`. The process group is gloo on CPU and NCCL on CUDA (``train.dist_backend``).
 
@@ -226,13 +228,15 @@ class LearnerGroup:
         device: str = "cpu",
         timeout_s: float = 1800.0,
         log_dir: str | Path | None = None,
+        placement: str = "process",
     ) -> None:
         env_world = torchrun_rank()
         self.external = env_world is not None  # torchrun started the ranks
         self.world = env_world[1] if env_world is not None else learners
         self.backend, self.device, self.timeout_s = backend, device, timeout_s
         self.log_dir = Path(log_dir) if log_dir is not None else None
-        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.placement = placement  # "process" (child processes) or "ray" (Ray actors)
+        self.children: dict[int, Any] = {}  # subprocess.Popen, or learner_actors.RayLearner
         self.started = False
         self.synced = False
         check_learners(self.world, backend, device)
@@ -265,19 +269,26 @@ class LearnerGroup:
             dist.init_process_group(self.backend, store=store, rank=0, world_size=self.world, timeout=timeout)
         self.started = True
 
-    def _spawn(self, rank: int, port: int) -> subprocess.Popen[bytes]:
-        env = dict(
-            os.environ,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(self.world),
-            TOOLGYM_DIST_BACKEND=self.backend,
-            TOOLGYM_DIST_TIMEOUT=str(self.timeout_s),
-        )
-        out: Any = subprocess.DEVNULL
+    def _spawn(self, rank: int, port: int) -> Any:
+        ours = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.world),
+            "TOOLGYM_DIST_BACKEND": self.backend,
+            "TOOLGYM_DIST_TIMEOUT": str(self.timeout_s),
+        }
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.placement == "ray":  # an actor keeps Ray's environment (its GPU) and takes only these
+            from toolgym.training.learner_actors import start_ray_learner
+
+            passed = {k: os.environ[k] for k in (FAULT_ENV, "OMP_NUM_THREADS") if k in os.environ}
+            log_path = None if self.log_dir is None else self.log_dir / f"rank-{rank}.log"
+            return start_ray_learner(rank, {**passed, **ours}, log_path, cuda=self.device.startswith("cuda"))
+        env = dict(os.environ, **ours)
+        out: Any = subprocess.DEVNULL
+        if self.log_dir is not None:
             out = open(self.log_dir / f"rank-{rank}.log", "wb")  # noqa: SIM115 (the child writes to it)
         try:
             return subprocess.Popen(
@@ -298,7 +309,7 @@ class LearnerGroup:
                 if child.poll() is not None:
                     self.close()
                     raise ConfigError(
-                        f"learner process rank {rank} exited ({_how(child.returncode)}) before it joined the "
+                        f"learner process rank {rank} exited ({_how(child)}) before it joined the "
                         f"process group{self._log_tail(rank)}"
                     )
             if time.monotonic() > deadline:
@@ -329,6 +340,13 @@ class LearnerGroup:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+        self._release()
+
+    def _release(self) -> None:
+        if self.placement == "ray":  # the actors outlive their work: kill them, release Ray
+            from toolgym.training.learner_actors import stop_ray_learners
+
+            stop_ray_learners(self.children)
         self.children = {}
 
     # ------------------------------------------------------------------ one step
@@ -391,11 +409,11 @@ class LearnerGroup:
 
     def _stopped(self, step: int, exc: BaseException | None) -> RunStopped:
         time.sleep(0.2)  # let a dying learner's exit status arrive
-        dead = {r: c.returncode for r, c in self.children.items() if c.poll() is not None}
+        dead = {r: _how(c) for r, c in self.children.items() if c.poll() is not None}
         for child in self.children.values():
             if child.poll() is None:
                 child.kill()
-        self.children = {}
+        self._release()
         if self.started:
             try:
                 _dist().destroy_process_group()
@@ -403,7 +421,7 @@ class LearnerGroup:
                 log.debug("destroy_process_group after a failure", exc_info=True)
             self.started = False
         who = (
-            ", ".join(f"learner rank {r} exited ({_how(code)})" for r, code in sorted(dead.items()))
+            ", ".join(f"learner rank {r} exited ({how})" for r, how in sorted(dead.items()))
             if dead
             else f"a collective failed ({type(exc).__name__}: {str(exc).splitlines()[0] if exc else ''})"
         )
@@ -413,7 +431,11 @@ class LearnerGroup:
         )
 
 
-def _how(code: int | None) -> str:
+def _how(child: Any) -> str:
+    """How a learner (a child process or a Ray actor) ended: its signal, exit code or cause."""
+    code = child.returncode
+    if getattr(child, "how", ""):
+        return str(child.how)
     if code is None:
         return "still running"
     if code < 0:

@@ -43,7 +43,15 @@ from toolgym.core import AsyncToolEnv, Message
 from toolgym.env import MessagesSpace, TextSpace
 from toolgym.errors import ConfigError, InfraError, MissingDependencyError
 
-__all__ = ["EnvActor", "EnvActorPool", "RemoteEnv", "require_ray"]
+__all__ = [
+    "EnvActor",
+    "EnvActorPool",
+    "RemoteEnv",
+    "acquire_ray",
+    "release_ray",
+    "require_ray",
+    "user_sys_path",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +68,44 @@ def require_ray() -> ModuleType:
     return ray
 
 
-def _user_sys_path() -> list[str]:
+#: How many users (environment pools, learner groups) hold the Ray connection this process opened.
+_OPENED = {"users": 0}
+
+
+def acquire_ray(num_cpus: float) -> ModuleType:
+    """The ``ray`` module, connected: a running Ray (``ray.init`` already called) is joined and never
+    shut down here; otherwise this process connects (``RAY_ADDRESS``) or starts a local instance with
+    ``num_cpus`` CPUs, and keeps it until the last :func:`release_ray`."""
+    ray = require_ray()
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(include_dashboard=False)
+        else:
+            ray.init(
+                num_cpus=max(1, round(num_cpus)),
+                include_dashboard=False,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+            )
+        _OPENED["users"] = 0
+        _OPENED["opened"] = 1
+    if _OPENED.get("opened"):
+        _OPENED["users"] += 1
+    return ray
+
+
+def release_ray() -> None:
+    """One user of :func:`acquire_ray` is done; the last one shuts down a connection this process opened."""
+    if not _OPENED.get("opened"):
+        return
+    _OPENED["users"] -= 1
+    if _OPENED["users"] <= 0:
+        _OPENED["opened"] = 0
+        ray = require_ray()
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def user_sys_path() -> list[str]:
     """Import-path entries added by the user (not the interpreter's own), for the actors.
 
     Gymnasium's ``module:id`` form imports ``module`` before making the environment; the actors must be
@@ -230,18 +275,8 @@ class EnvActorPool:
     ) -> None:
         if actors < 1:
             raise ConfigError(f"train.ray_env_actors must be >= 1, got {actors}")
-        ray = require_ray()
-        self._owns_ray = False
-        if not ray.is_initialized():
-            if os.environ.get("RAY_ADDRESS"):
-                ray.init(include_dashboard=False)
-            else:
-                ray.init(
-                    num_cpus=max(1, round(actors * num_cpus)),
-                    include_dashboard=False,
-                    object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                )
-            self._owns_ray = True
+        ray = acquire_ray(actors * num_cpus)
+        self._holds_ray = True
         try:
             available = ray.cluster_resources().get("CPU", 0.0)
             if available < actors * num_cpus:
@@ -252,7 +287,7 @@ class EnvActorPool:
             # NOTE (restarts): a call caught by an actor's death is retried on the restarted actor, where a
             # reset simply starts the episode and a step finds its slot gone (an InfraError, as it must).
             remote = ray.remote(EnvActor).options(num_cpus=num_cpus, max_restarts=-1, max_task_retries=3)
-            self._actors = [remote.remote(env_id, dict(kwargs), _user_sys_path()) for _ in range(actors)]
+            self._actors = [remote.remote(env_id, dict(kwargs), user_sys_path()) for _ in range(actors)]
             try:
                 self.spec, self.max_turns = ray.get(self._actors[0].describe.remote())
             except ray.exceptions.RayTaskError as exc:
@@ -281,6 +316,6 @@ class EnvActorPool:
         for actor in getattr(self, "_actors", []):
             ray.kill(actor)
         self._actors = []
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
-        self._owns_ray = False
+        if self._holds_ray:
+            self._holds_ray = False
+            release_ray()

@@ -118,6 +118,7 @@ class Trainer:
             device=config.policy.learner_device,
             timeout_s=config.train.learner_timeout,
             log_dir=self.run_dir / "learners",
+            placement="ray" if config.train.backend == "ray" else "process",
         )
         self.learners.check_config(config)
         if policy is not None:

@@ -221,6 +221,24 @@ def test_torchrun_runs_the_same_data_parallel_training(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_learners_as_ray_actors_train_the_same_weights_and_a_dead_actor_stops_the_run(tmp_path: Path) -> None:
+    one, two, killed = tmp_path / "one", tmp_path / "ray", tmp_path / "killed"
+    on_ray = ["train.ray_env_actors=1", "--learners", "2", "--backend", "ray"]
+    ok(train(one))
+    ok(train(two, *on_ray))  # environments and learner rank 1 in Ray actors
+    assert max_gap(params(one), params(two)) < 1e-6
+    assert samples(one) == samples(two)
+    assert [m["learners"] for m in metrics(two)] == [2.0, 2.0, 2.0]
+    assert (two / "learners" / "rank-1.log").exists()
+    out = train(killed, *on_ray, env={FAULT_ENV: "1:2"})  # the actor's process dies as step 2 arrives
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "learner rank 1 exited (its Ray actor died" in out.stderr
+    assert "during learner step 2" in out.stderr and "rerun the same command to resume" in out.stderr
+    ok(train(killed, *on_ray))  # the same command resumes
+    assert max_gap(params(two), params(killed)) == 0.0
+
+
+@pytest.mark.slow
 def test_a_killed_learner_stops_the_run_and_the_rerun_resumes_exactly(tmp_path: Path) -> None:
     full, killed = tmp_path / "full", tmp_path / "killed"
     ok(train(full, "--learners", "2"))
