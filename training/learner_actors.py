@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from toolgym.training.ray_backend import acquire_ray, release_ray, user_sys_path
+from toolgym.training.ray_backend import acquire_ray, adopt_sys_path, release_ray, user_sys_path
 
 __all__ = ["LearnerActor", "RayLearner", "start_ray_learner", "stop_ray_learners"]
 
@@ -35,9 +35,7 @@ class LearnerActor:
     """A Ray actor that becomes one learner rank (:meth:`run` returns when rank 0 says stop)."""
 
     def __init__(self, sys_path: list[str]) -> None:
-        for entry in reversed(sys_path):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
+        adopt_sys_path(sys_path)
 
     def run(self, environ: Mapping[str, str], log_path: str | None) -> int:
         os.environ.update(environ)
@@ -92,10 +90,9 @@ class RayLearner:
         self._ray.kill(self._actor)
 
 
-def start_ray_learner(
-    rank: int, environ: Mapping[str, str], log_path: Path | None, *, cuda: bool
-) -> RayLearner:
-    """Start learner ``rank`` in a Ray actor on this node (starting or joining Ray); see the module."""
+def start_ray_learner(environ: Mapping[str, str], log_path: Path | None, *, cuda: bool) -> RayLearner:
+    """Start a learner (its rank is in ``environ``) in a Ray actor on this node, starting or joining
+    Ray; see the module."""
     ray = acquire_ray(1.0)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -285,7 +285,7 @@ class LearnerGroup:
 
             passed = {k: os.environ[k] for k in (FAULT_ENV, "OMP_NUM_THREADS") if k in os.environ}
             log_path = None if self.log_dir is None else self.log_dir / f"rank-{rank}.log"
-            return start_ray_learner(rank, {**passed, **ours}, log_path, cuda=self.device.startswith("cuda"))
+            return start_ray_learner({**passed, **ours}, log_path, cuda=self.device.startswith("cuda"))
         env = dict(os.environ, **ours)
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:

@@ -122,6 +122,13 @@ def user_sys_path() -> list[str]:
     return out
 
 
+def adopt_sys_path(entries: list[str]) -> None:
+    """In an actor: put the learner's :func:`user_sys_path` entries first on the import path."""
+    for entry in reversed(entries):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
 def _async_side(env: gymnasium.Env[Any, Any]) -> AsyncToolEnv:
     """The async side of a made environment: its unwrapped toolgym environment (see AsyncToolEnv)."""
     return cast(AsyncToolEnv, env.unwrapped)
@@ -135,9 +142,7 @@ class EnvActor:
     """
 
     def __init__(self, env_id: str, kwargs: dict[str, Any], sys_path: list[str]) -> None:
-        for entry in reversed(sys_path):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
+        adopt_sys_path(sys_path)
         self.env_id, self.kwargs = env_id, dict(kwargs)
         self._envs: dict[int, gymnasium.Env[Any, Any]] = {}
 
