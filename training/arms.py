@@ -258,7 +258,7 @@ def load_arms(path: str | Path) -> ArmsSpec:
 # ----------------------------------------------------------------------------- the plan and its checks
 def _shared(config: TrainConfig) -> dict[str, Any]:
     """What every arm must keep equal, as flat dotted keys (``env.*`` is what ``allow = ["env"]`` frees)."""
-    hc, pc = config.heldout, config.policy
+    hc, pc, held_env = config.heldout, config.policy, config.heldout_env
     envs = [
         {"id": e.id, "kwargs": dict(e.kwargs), "task_limit": e.task_limit, "task_ids": list(e.task_ids)}
         for e in config.envs
@@ -269,10 +269,11 @@ def _shared(config: TrainConfig) -> dict[str, Any]:
         "heldout.harnesses": list(hc.harnesses),
         "heldout.kwargs": dict(hc.kwargs),
         "heldout.max_tokens": hc.max_tokens,
-        "heldout.max_total_tokens": hc.max_total_tokens or config.env.max_total_tokens,
+        "heldout.max_total_tokens": hc.max_total_tokens or held_env.max_total_tokens,
         "heldout.engine": hc.engine or ("vllm" if pc.kind == "vllm" else "hf"),
-        # the held-out tasks come from the first environment, with the held-out kwargs over its own
-        "heldout.env": {"id": config.env.id, "kwargs": {**dict(config.env.kwargs), **dict(hc.kwargs)}},
+        # the held-out tasks come from one environment (heldout.env, else the first), with the
+        # held-out kwargs over its own
+        "heldout.env": {"id": held_env.id, "kwargs": {**dict(held_env.kwargs), **dict(hc.kwargs)}},
     }
     values = {
         "heldout.n": hc.n,

@@ -50,7 +50,7 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
             if trainer.resume():
                 progress.line(f"resumed {out_dir} at step {trainer.step}")
             asyncio.run(trainer.run())
-            train_ids = list(trainer.task_ids)  # the warm start samples these too
+            train_ids = trainer.heldout_train_ids  # the warm start samples these too
             step, warm_started = trainer.step, trainer.warm_started
             from toolgym.training.heldout_run import can_share_engine
 

@@ -237,10 +237,27 @@ class TrainConfig:
             raise ConfigError(
                 "curriculum stages are given twice, as env.stages and [curriculum].stages: keep one"
             )
+        names = [env.name for env in self.envs]
+        if self.heldout.env and self.heldout.env not in names:
+            raise ConfigError(
+                f"heldout.env = {self.heldout.env!r} names no environment of this run "
+                f"({', '.join(map(repr, names))}).{did_you_mean(self.heldout.env, names)}"
+            )
 
     @property
     def is_mixture(self) -> bool:
         return len(self.envs) > 1
+
+    @property
+    def heldout_index(self) -> int:
+        """Position in ``envs`` of the environment the held-out evaluation and curve draw from."""
+        names = [env.name for env in self.envs]
+        return names.index(self.heldout.env) if self.heldout.env else 0
+
+    @property
+    def heldout_env(self) -> EnvConfig:
+        """The environment whose ``heldout.split`` is evaluated (``heldout.env``, else the first)."""
+        return self.envs[self.heldout_index]
 
 
 def check_mixture(config: TrainConfig) -> None:
@@ -262,11 +279,6 @@ def check_mixture(config: TrainConfig) -> None:
         raise ConfigError(
             "warm_start with several [[env]] tables is not supported: warm-start one environment in a "
             "run of its own, then train the mixture from its export (policy.model = RUN/export/step-000000)"
-        )
-    if config.heldout.n:
-        raise ConfigError(
-            "[heldout] with several [[env]] tables is not supported: set heldout.n = 0 and evaluate each "
-            "environment on its own, e.g. toolgym eval --env ID --policy run:RUN --env-arg split=test"
         )
 
 

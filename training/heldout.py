@@ -62,6 +62,9 @@ class HeldoutConfig:
             the curve goes to ``heldout_curve.jsonl``, ``metrics.jsonl`` and the report.
         curve_n: tasks of that slice (a seeded choice, the same at every point of the curve).
         curve_harnesses: its tracks (empty = ``harnesses``).
+        env: in a mixture, the name of the ``[[env]]`` table whose split is evaluated (empty = the
+            first); the evaluation and the curve run on that environment alone, and its own
+            training tasks are the ones the held-out tasks must not share.
     """
 
     n: int = 0
@@ -78,6 +81,7 @@ class HeldoutConfig:
     every: int = 0
     curve_n: int = 50
     curve_harnesses: tuple[str, ...] = ()
+    env: str = ""
 
     def __post_init__(self) -> None:
         if self.every < 0 or self.curve_n < 1:

@@ -34,19 +34,19 @@ async def curve_point(
     from toolgym.core import SamplingParams
     from toolgym.training.heldout import check_disjoint
 
-    hc = config.heldout
+    hc, env = config.heldout, config.heldout_env
     run_dir = Path(run_dir)
-    env_kwargs = {**dict(config.env.kwargs), **dict(hc.kwargs), "split": hc.split}
+    env_kwargs = {**dict(env.kwargs), **dict(hc.kwargs), "split": hc.split}
     out_dir = run_dir / "heldout_curve" / f"step-{step:06d}"
     report = await evaluate(
-        config.env.id,
+        env.id,
         lambda: policy,
         hc.curve_harnesses or hc.harnesses,
         n=hc.curve_n,
         seed=hc.seed,
         concurrency=hc.concurrency,
         sampling=SamplingParams(max_tokens=hc.max_tokens, temperature=0.0),
-        max_total_tokens=hc.max_total_tokens or config.env.max_total_tokens,
+        max_total_tokens=hc.max_total_tokens or env.max_total_tokens,
         out_dir=out_dir,
         env_kwargs=env_kwargs,
         policy_label=f"train@{step}",

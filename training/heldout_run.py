@@ -54,7 +54,7 @@ def _factories(
     def make(spec: str) -> Any:
         return policy_factory(
             spec,
-            env_id=config.env.id,
+            env_id=config.heldout_env.id,
             seed=seed,
             max_model_len=max_model_len,
             device=config.policy.learner_device,
@@ -136,7 +136,7 @@ def can_share_engine(config: Any, policy: Any) -> bool:
     the ones a fresh engine gives (a test compares them)."""
     hc, pc = config.heldout, config.policy
     engine = hc.engine or ("vllm" if pc.kind == "vllm" else "hf")
-    budget = hc.max_total_tokens or config.env.max_total_tokens
+    budget = hc.max_total_tokens or config.heldout_env.max_total_tokens
     return (
         bool(hc.n)
         and pc.kind == "vllm"
@@ -174,10 +174,10 @@ async def run_heldout(
     from toolgym.manifest import env_fingerprint
     from toolgym.training.heldout import check_disjoint
 
-    hc = config.heldout
+    hc, env = config.heldout, config.heldout_env  # in a mixture: heldout.env, else the first
     run_dir = Path(run_dir)
-    env_kwargs = {**dict(config.env.kwargs), **dict(hc.kwargs), "split": hc.split}
-    budget = hc.max_total_tokens or config.env.max_total_tokens
+    env_kwargs = {**dict(env.kwargs), **dict(hc.kwargs), "split": hc.split}
+    budget = hc.max_total_tokens or env.max_total_tokens
     engine = hc.engine or ("vllm" if config.policy.kind == "vllm" else "hf")
     if engine == "auto":
         import importlib.util
@@ -191,11 +191,11 @@ async def run_heldout(
     if warm_started and hc.control:
         specs["control"] = f"{prefix}run:{run_dir}@0"
     specs["trained"] = f"{prefix}run:{run_dir}"
-    probe = gymnasium.make(config.env.id, **env_kwargs)
+    probe = gymnasium.make(env.id, **env_kwargs)
     try:
         all_ids = cast(TaskToolEnv, probe.unwrapped).task_ids()
         check_disjoint(train_task_ids, all_ids)
-        fingerprint = env_fingerprint(probe, config.env.id, env_kwargs)
+        fingerprint = env_fingerprint(probe, env.id, env_kwargs)
         tools = sorted(t["function"]["name"] for t in probe.unwrapped.reset(seed=0)[1]["tools"])
     finally:
         probe.close()
@@ -206,7 +206,7 @@ async def run_heldout(
         out = run_dir / "heldout" / label
         if hc.reuse and not (out / "eval.json").exists():
             wanted = EvalSettings(
-                env_id=config.env.id,
+                env_id=env.id,
                 env_kwargs=env_kwargs,
                 harnesses=tuple(hc.harnesses),
                 task_ids=tuple(picked),
@@ -232,7 +232,7 @@ async def run_heldout(
                 continue
             log.info("held-out evaluation of %s (%s)", label, spec)
             await evaluate(
-                config.env.id,
+                env.id,
                 factories[label],
                 hc.harnesses,
                 n=hc.n,
@@ -252,7 +252,7 @@ async def run_heldout(
             factory.close()
     runs = {label: load_eval_run(run_dir / "heldout" / label) for label in specs}
     summary = {
-        "env_id": config.env.id,
+        "env_id": env.id,
         "split": hc.split,
         "metric": str(env_kwargs.get("metric", "the environment's reward")),
         "n": len(picked),

@@ -447,6 +447,12 @@ class Trainer:
             self.policy.policy_version += 1
         return grad_norm, {}
 
+    @property
+    def heldout_train_ids(self) -> list[str]:
+        """The training tasks of the environment the held-out evaluation draws from (its own ids: a
+        mixture's ``task_ids`` are ``name:task_id`` and would never equal a held-out id)."""
+        return list(self.env_task_ids[self.config.heldout_index])
+
     async def _curve(self) -> dict[str, float]:
         """A held-out curve point of the current weights (``heldout.every``), once per step."""
         from toolgym.training.heldout_curve import curve_point
@@ -454,7 +460,9 @@ class Trainer:
         if self.step in self.curve_steps:
             return {}
         with self.progress.task(f"held-out curve at step {self.step}"):
-            point = await curve_point(self.config, self.run_dir, self.policy, self.step, self.task_ids)
+            point = await curve_point(
+                self.config, self.run_dir, self.policy, self.step, self.heldout_train_ids
+            )
         self.curve_steps.append(self.step)
         self.progress.line(f"held-out curve at step {self.step}: {_curve_note(point)}")
         return point

@@ -104,10 +104,14 @@ def test_the_shipped_arms_files_plan_without_loading_a_model() -> None:
         "scaffold+compact",
         "scaffold+summary",
     ]
-    mixtures = plan_arms("mixtures", None, ["heldout.n=0"], "runs/m")
+    mixtures = plan_arms("mixtures", None, [], "runs/m")
     assert [len(c.envs) for c in mixtures.configs.values()] == [1, 2, 2]
-    with pytest.raises(ConfigError, match=r"arm 'mix': \[heldout\] with several \[\[env\]\] tables"):
-        plan_arms("mixtures", None, [], "runs/m")  # what the mixture ablation still needs
+    # every arm, mixture or not, is evaluated on SearchQA's test split (the first [[env]] table)
+    assert {c.heldout_env.id for c in mixtures.configs.values()} == {"toolgym/SearchQA-v0"}
+    assert all(c.heldout.n == 1000 for c in mixtures.configs.values())
+    # ... and heldout.env must name an environment of every arm
+    with pytest.raises(ConfigError, match=r"arm 'search': heldout.env = 'code' names no environment"):
+        plan_arms("mixtures", None, ["heldout.env=code"], "runs/m")
 
 
 # ----------------------------------------------------------------------------- refusals at start

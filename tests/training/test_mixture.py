@@ -87,7 +87,11 @@ def test_env_tables_make_a_mixture_and_overrides_address_one_by_position(tmp_pat
             [],
             r"warm_start with several \[\[env\]\] tables is not supported",
         ),
-        ("[heldout]\nn = 10\n", [], r"\[heldout\] with several \[\[env\]\] tables is not supported"),
+        (
+            "[heldout]\nn = 10\nenv = 'cod'\n",
+            [],
+            r"heldout.env = 'cod' names no environment of this run \('SearchQA-v0', 'code'\). Did you mean 'code'",
+        ),
         ("[mixture]\nnormalize = 'zscore'\n", [], r"mixture.normalize must be one of none, std"),
     ],
 )
@@ -232,6 +236,82 @@ async def test_a_mixture_run_logs_reports_and_reverifies_each_environment_on_its
     assert [s.name.rsplit(" ", 1)[-1] for s in report.sources] == ["[six]", "[three]"]
     assert [s.episodes for s in report.sources] == [2 * groups["six"], 2 * groups["three"]]
     assert report.errors == 0 and report.changed == 0
+
+
+def test_the_heldout_env_is_the_first_unless_named(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, TWO), ["heldout.n=10"])
+    assert config.heldout_index == 0 and config.heldout_env is config.envs[0]
+    named = load_config(write(tmp_path, TWO), ["heldout.n=10", "heldout.env=code"])
+    assert named.heldout_index == 1 and named.heldout_env.id == "toolgym/CodeExec-v0"
+
+
+def _letters_and_target(tmp_path: Path, target_split: str) -> Path:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # toy_env registers its ids on import
+    return write(
+        tmp_path,
+        '[[env]]\nid = "toy_env:toolgym-test/Letters-v0"\nname = "letters"\n\n'
+        f'[[env]]\nid = "toy_env:toolgym-test/Target-v0"\nname = "target"\nkwargs = {{ split = "{target_split}" }}\n',
+    )
+
+
+MIXED_CURVE = [
+    "policy.kind=tiny",
+    "policy.tiny_hidden=16",
+    "policy.tiny_layers=1",
+    "sampling.max_tokens=6",
+    "train.steps=2",
+    "train.tasks_per_step=2",
+    "train.group_size=2",
+    "train.max_off_policy_steps=0",
+    "train.seed=3",
+    "heldout.env=target",
+    "heldout.every=2",
+    "heldout.curve_n=3",
+    'heldout.curve_harnesses=["bare"]',
+    "heldout.max_tokens=6",
+]
+
+
+@pytest.mark.slow
+async def test_a_mixture_draws_its_heldout_curve_from_the_named_environment(tmp_path: Path) -> None:
+    import json
+
+    from toolgym.training.tiny_policy import TinyPolicy
+    from toolgym.training.trainer import Trainer
+
+    config = load_config(_letters_and_target(tmp_path, "train"), MIXED_CURVE)
+    run = tmp_path / "run"
+    trainer = Trainer(config, run, policy=TinyPolicy(hidden=16, layers=1, seed=3))
+    try:
+        await trainer.run()
+    finally:
+        trainer.close()
+    assert trainer.heldout_train_ids == [f"train-{i}" for i in range(4)]  # the target's own ids
+    curve = [json.loads(line) for line in (run / "heldout_curve.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in curve] == [0.0, 2.0]
+    episodes = [
+        json.loads(line)
+        for line in (run / "heldout_curve" / "step-000002" / "trajectories-bare.jsonl").read_text().splitlines()
+    ]
+    assert len(episodes) == 3 and all(e["task_id"].startswith("test-") for e in episodes)
+    assert {e["env_id"] for e in episodes} == {"toy_env:toolgym-test/Target-v0"}
+
+
+@pytest.mark.slow
+async def test_a_mixture_that_trains_on_the_heldout_split_is_refused(tmp_path: Path) -> None:
+    """The named environment's own training ids are checked: a mixture's ``name:id`` ids never match."""
+    from toolgym.training.tiny_policy import TinyPolicy
+    from toolgym.training.trainer import Trainer
+
+    config = load_config(_letters_and_target(tmp_path, "test"), MIXED_CURVE)
+    trainer = Trainer(config, tmp_path / "run", policy=TinyPolicy(hidden=16, layers=1, seed=3))
+    try:
+        with pytest.raises(ConfigError, match=r"the held-out tasks include 3 training task\(s\)"):
+            await trainer.run()
+    finally:
+        trainer.close()
 
 
 def test_replace_keeps_working_on_one_environment_and_refuses_to_split_a_mixture(tmp_path: Path) -> None:
