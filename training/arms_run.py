@@ -4,9 +4,10 @@
 every refusal happens there, before any model loads), writes ``DIR/arms_plan.json``, trains the arms in
 file order (:func:`run_arms`) and writes the paired results (:mod:`toolgym.training.arms_results`).
 
-Arms run one after another on this machine, not side by side: the first arm's warm start and held-out
-``base``/``control`` evaluations are what the later arms load, and a single CPU machine gains nothing
-from running two learners at once. An arm is finished when its ``DIR/<arm>/arm.json`` says
+Arms run one after another by default: the first arm's warm start and held-out ``base``/``control``
+evaluations are what the later arms load, and a single CPU machine gains nothing from running two
+learners at once. ``--arm-workers N`` runs them side by side on Ray instead, up to ``N`` at once,
+after the first when the others load from it (:mod:`toolgym.training.arms_ray`). An arm is finished when its ``DIR/<arm>/arm.json`` says
 ``complete`` (written after ``toolgym train`` returned, with its wall time and attempts); a finished arm
 is skipped, an unfinished one is ``toolgym train`` again with the same overrides, which resumes it from
 its checkpoint.
@@ -44,8 +45,11 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp.replace(path)
 
 
-def run_arms(plan: ArmsPlan, out_dir: str | Path, *, say: Callable[[str], None] = print) -> Path:
-    """Train every arm of ``plan`` into ``out_dir/<arm>/``, one after another; skip finished arms.
+def run_arms(
+    plan: ArmsPlan, out_dir: str | Path, *, say: Callable[[str], None] = print, workers: int = 1
+) -> Path:
+    """Train every arm of ``plan`` into ``out_dir/<arm>/``, one after another (or, with ``workers``
+    > 1, up to that many at once on Ray: :mod:`toolgym.training.arms_ray`); skip finished arms.
 
     Returns ``out_dir``. Each arm is ``toolgym train`` (:func:`~toolgym.training.commands.train_command`)
     with the arm's overrides, so an interrupted arm resumes from its checkpoint. After an arm, its run
@@ -82,27 +86,49 @@ def run_arms(plan: ArmsPlan, out_dir: str | Path, *, say: Callable[[str], None] 
         },
     )
     names = plan.names
-    for i, name in enumerate(names, 1):
-        arm_dir = out / name
-        record = _read_record(arm_dir)
-        tag = f"arm {i}/{len(names)} {name!r}"
+    tags = {name: f"arm {i}/{len(names)} {name!r}" for i, name in enumerate(names, 1)}
+    todo: list[str] = []
+    attempts: dict[str, int] = {}
+    resumed: dict[str, bool] = {}
+    for name in names:
+        record = _read_record(out / name)
         if record.get("status") == "complete":
-            say(f"{tag}: finished earlier ({record.get('wall_s', 0):.0f} s), skipped")
-            continue
-        resuming = (arm_dir / "checkpoint.pt").exists()
-        say(f"{tag}: {'resuming' if resuming else 'training'} into {arm_dir}")
-        attempts = int(record.get("attempts", 0)) + 1
+            say(f"{tags[name]}: finished earlier ({record.get('wall_s', 0):.0f} s), skipped")
+        else:
+            todo.append(name)
+            attempts[name] = int(record.get("attempts", 0)) + 1
+
+    def begin(name: str) -> None:
+        arm_dir = out / name
+        resumed[name] = (arm_dir / "checkpoint.pt").exists()
+        say(f"{tags[name]}: {'resuming' if resumed[name] else 'training'} into {arm_dir}")
         arm_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(arm_dir / ARM_RECORD, {"name": name, "status": "running", "attempts": attempts})
-        started = time.perf_counter()
-        train_command(plan.config_path, plan.overrides[name], arm_dir)
+        _write_json(arm_dir / ARM_RECORD, {"name": name, "status": "running", "attempts": attempts[name]})
+
+    def finish(name: str, wall: float) -> None:
         _check_same_environment(out, names[0], name, allow=plan.spec.allow)
-        wall = time.perf_counter() - started
         _write_json(
-            arm_dir / ARM_RECORD,
-            {"name": name, "status": "complete", "attempts": attempts, "wall_s": wall, "resumed": resuming},
+            out / name / ARM_RECORD,
+            {
+                "name": name,
+                "status": "complete",
+                "attempts": attempts[name],
+                "wall_s": wall,
+                "resumed": resumed[name],
+            },
         )
-        say(f"{tag}: done in {wall:.0f} s")
+        say(f"{tags[name]}: done in {wall:.0f} s")
+
+    if workers > 1:
+        from toolgym.training.arms_ray import run_arms_on_ray
+
+        run_arms_on_ray(plan, out, todo, workers, begin=begin, finish=finish, say=say)
+        return out
+    for name in todo:
+        begin(name)
+        started = time.perf_counter()
+        train_command(plan.config_path, plan.overrides[name], out / name)
+        finish(name, time.perf_counter() - started)
     return out
 
 
@@ -128,8 +154,10 @@ def arms_command(
     out_dir: str | Path,
     *,
     say: Callable[[str], None] = print,
+    workers: int = 1,
 ) -> Path:
-    """``toolgym train --arms ARMS [--config BASE] --out DIR [KEY=VALUE ...]``: plan, train, compare.
+    """``toolgym train --arms ARMS [--config BASE] --out DIR [--arm-workers N] [KEY=VALUE ...]``: plan,
+    train (``workers`` > 1: side by side on Ray), compare.
 
     Prints one line per arm and, when the arms have a held-out evaluation, the paired table
     (Markdown; ``DIR/arms.md``, ``DIR/arms.tex`` and ``DIR/arms.json`` are written).
@@ -139,12 +167,14 @@ def arms_command(
     def line(text: str) -> None:
         say(f"[{time.strftime('%H:%M:%S')}] {text}")
 
+    if workers < 1:
+        raise ConfigError(f"--arm-workers must be >= 1 (1: one arm after another), got {workers}")
     plan = plan_arms(arms_path, config_path, overrides, out_dir)
     baseline = plan.spec.baseline
     line(f"arms: {', '.join(plan.names)} (baseline {baseline!r}), from {plan.spec.path}")
     for note in plan.notes:
         line(f"arms: {note}")
-    run_arms(plan, out_dir, say=line)
+    run_arms(plan, out_dir, say=line, workers=workers)
     table = write_arms_results(out_dir)
     if table:
         say(table)

@@ -521,3 +521,35 @@ def test_a_set_without_a_held_out_evaluation_gives_curves_only(tmp_path: Path, c
     assert not (out / "arms.md").exists()
     assert main(["report", str(out)]) == 0
     assert "No paired table" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_arms_side_by_side_on_ray_train_what_one_after_another_trains(tmp_path: Path, capsys) -> None:
+    three = TWO + '    [[arm]]\n    name = "c"\n    set = { "train.lr" = 0.002 }\n'
+    path = _arms(tmp_path, three)
+    tiny = tiny_overrides(steps=2, tasks_per_step=1, group_size=2)
+    one, ray = tmp_path / "one", tmp_path / "ray"
+    assert main(["train", "--arms", str(path), "--out", str(one), *tiny]) == 0
+    assert main(["train", "--arms", str(path), "--out", str(ray), "--arm-workers", "3", *tiny]) == 0
+    printed = capsys.readouterr().out
+    assert "arm 'c': started on Ray" in printed and "arm 3/3 'c': done in" in printed
+
+    def rows(run: Path) -> list[dict[str, float]]:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in lines]
+
+    for arm in ("a", "b", "c"):
+        # same seeds, groups and rewards; the losses agree to float rounding (Ray runs a one-CPU task
+        # on one thread, so sums are added in another order)
+        assert rows(ray / arm) == [pytest.approx(r, rel=1e-5, abs=1e-6) for r in rows(one / arm)]
+        assert json.loads((ray / arm / "arm.json").read_text())["status"] == "complete"
+        assert "training: 2/2" in (ray / arm / "train.log").read_text()  # the arm's own output
+    assert rows(ray / "b")[1]["loss/grad_norm"] != pytest.approx(rows(ray / "a")[1]["loss/grad_norm"])
+    # the same command again skips every finished arm
+    assert main(["train", "--arms", str(path), "--out", str(ray), "--arm-workers", "3", *tiny]) == 0
+    assert capsys.readouterr().out.count("finished earlier") == 3
+
+
+def test_arm_workers_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--arm-workers must be >= 1 \(1: one arm after another\), got 0"):
+        arms_command(_arms(tmp_path, TWO), None, TINY, tmp_path / "set", workers=0, say=lambda _: None)

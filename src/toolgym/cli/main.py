@@ -212,6 +212,13 @@ def _parser() -> argparse.ArgumentParser:
         "arm into OUT/<arm>, then pair every arm with the baseline arm on the held-out set",
     )
     p.add_argument(
+        "--arm-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --arms: train up to N arms at once, side by side on Ray (default 1: one after another)",
+    )
+    p.add_argument(
         "--backend",
         choices=("asyncio", "ray"),
         default=None,
@@ -399,7 +406,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.arms is not None:
         from toolgym.training.arms_run import arms_command
 
-        run_dir = arms_command(args.arms, args.config, [*args.overrides, *backend], args.out)
+        run_dir = arms_command(
+            args.arms, args.config, [*args.overrides, *backend], args.out, workers=args.arm_workers
+        )
         print(f"arms written to {run_dir}; next: toolgym report {run_dir}")
         return 0
     run_dir = train_command(args.config, [*args.overrides, *backend], args.out)
