@@ -553,3 +553,95 @@ def test_arms_side_by_side_on_ray_train_what_one_after_another_trains(tmp_path: 
 def test_arm_workers_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--arm-workers must be >= 1 \(1: one arm after another\), got 0"):
         arms_command(_arms(tmp_path, TWO), None, TINY, tmp_path / "set", workers=0, say=lambda _: None)
+
+
+class _FakeRay:
+    """Ray's task calls, run in order: records what was running when each arm was submitted."""
+
+    class exceptions:  # noqa: N801 (mirrors ray.exceptions)
+        class RayTaskError(Exception):
+            cause = None
+
+    def __init__(self, failing: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.running: list[str] = []
+        self.log: list[tuple[str, tuple[str, ...]]] = []
+        self.failing = failing
+
+    def remote(self, fn: Any) -> Any:
+        fake = self
+
+        class Task:
+            def options(self, **kwargs: Any) -> Any:
+                return self
+
+            def remote(self, config: Any, overrides: Any, arm_dir: str, sys_path: Any) -> str:
+                name = Path(arm_dir).name
+                fake.log.append((name, tuple(fake.running)))
+                fake.running.append(name)
+                return name
+
+        return Task()
+
+    def wait(self, refs: list[str], num_returns: int) -> tuple[list[str], list[str]]:
+        return [refs[0]], refs[1:]
+
+    def get(self, ref: str) -> float:
+        self.running.remove(ref)
+        if ref in self.failing:
+            raise RuntimeError(f"arm {ref} broke")
+        return 1.0
+
+
+@pytest.mark.parametrize("loads_first", [True, False])
+def test_on_ray_the_first_arm_runs_alone_when_the_others_load_from_it(
+    tmp_path: Path, monkeypatch, loads_first: bool
+) -> None:
+    import toolgym.training.arms_ray as arms_ray
+
+    fake = _FakeRay()
+    monkeypatch.setattr(arms_ray, "acquire_ray", lambda n: fake)
+    monkeypatch.setattr(arms_ray, "release_ray", lambda: None)
+    three = TWO + '    [[arm]]\n    name = "c"\n    set = { "train.lr" = 0.002 }\n'
+    extra = ["warm_start.samples=2"] if loads_first else []
+    plan = plan_arms(_arms(tmp_path, three), None, [*TINY, *extra])
+    assert (plan.warm_start_from == "a") is loads_first
+    done: list[str] = []
+    arms_ray.run_arms_on_ray(
+        plan,
+        tmp_path,
+        ["a", "b", "c"],
+        3,
+        begin=lambda n: None,
+        finish=lambda n, s: done.append(n),
+        say=print,
+    )
+    if loads_first:  # b and c wait for a; then both start together
+        assert fake.log == [("a", ()), ("b", ()), ("c", ("b",))]
+    else:
+        assert fake.log == [("a", ()), ("b", ("a",)), ("c", ("a", "b"))]
+    assert done == ["a", "b", "c"]
+
+
+def test_on_ray_a_failed_arm_is_named_and_the_others_finish(tmp_path: Path, monkeypatch) -> None:
+    import toolgym.training.arms_ray as arms_ray
+    from toolgym.errors import RunStopped
+
+    fake = _FakeRay(failing={"b"})
+    monkeypatch.setattr(arms_ray, "acquire_ray", lambda n: fake)
+    monkeypatch.setattr(arms_ray, "release_ray", lambda: None)
+    three = TWO + '    [[arm]]\n    name = "c"\n    set = { "train.lr" = 0.002 }\n'
+    plan = plan_arms(_arms(tmp_path, three), None, TINY)
+    done: list[str] = []
+    with pytest.raises(
+        RunStopped, match=r"arms failed: 'b' \(RuntimeError: arm b broke; log .*b/train.log\)"
+    ):
+        arms_ray.run_arms_on_ray(
+            plan,
+            tmp_path,
+            ["a", "b", "c"],
+            2,
+            begin=lambda n: None,
+            finish=lambda n, s: done.append(n),
+            say=print,
+        )
+    assert done == ["a", "c"]
