@@ -449,10 +449,15 @@ def _check_stored_plan(out_dir: Path, plan: ArmsPlan) -> None:
         old = {a["name"]: a["config"] for a in stored["arms"]}
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path} is unreadable ({exc}): train the set into a new --out") from None
+    defaults = flatten(to_dict(TrainConfig()))
     for name, config in plan.configs.items():
         if name not in old or not (out_dir / name).exists():
             continue
-        wrong = _differences(_comparable(flatten(old[name])), _comparable(flatten(to_dict(config))))
+        then, now = _comparable(flatten(old[name])), _comparable(flatten(to_dict(config)))
+        for key in set(now) - set(then):  # a setting toolgym gained since: at its default, nothing changed
+            if key in defaults and now[key] == defaults[key]:
+                then[key] = now[key]
+        wrong = _differences(then, now)
         if wrong:
             raise ConfigError(
                 f"arm {name!r} in {out_dir} was started with other settings: "

@@ -645,3 +645,18 @@ def test_on_ray_a_failed_arm_is_named_and_the_others_finish(tmp_path: Path, monk
             say=print,
         )
     assert done == ["a", "c"]
+
+
+def test_a_set_resumes_after_toolgym_gained_a_setting_left_at_its_default(tmp_path: Path) -> None:
+    from toolgym.training.arms import PLAN
+    from toolgym.training.config import to_dict
+
+    path, out = _arms(tmp_path, TWO), tmp_path / "set"
+    plan = plan_arms(path, None, TINY, out)
+    stored = {name: to_dict(config) for name, config in plan.configs.items()}
+    del stored["a"]["heldout"]["env"]  # a plan written before heldout.env existed
+    (out / "a").mkdir(parents=True)
+    (out / PLAN).write_text(json.dumps({"arms": [{"name": n, "config": c} for n, c in stored.items()]}))
+    plan_arms(path, None, TINY, out)  # the new setting sits at its default: nothing changed
+    with pytest.raises(ConfigError, match=r"arm 'a' in .* was started with other settings: heldout.env"):
+        plan_arms(path, None, [*TINY, "heldout.env=Letters-v0"], out)  # not at its default: refused
