@@ -108,7 +108,8 @@ def run_arms_on_ray(
                 finish(name, float(ray.get(done[0])))
             except Exception as exc:  # noqa: BLE001 (the arm failed; the others go on)
                 cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else exc
-                failed[name] = f"{type(cause or exc).__name__}: {str(cause or exc).splitlines()[0]}"
+                first_line = (str(cause or exc).splitlines() or [""])[0]
+                failed[name] = f"{type(cause or exc).__name__}: {first_line}"
                 say(f"arm {name!r}: failed ({failed[name]})")
                 if name == first and loads_first:  # the others would load what it did not make
                     failed.update({n: "not started: the first arm failed" for n in queue})

@@ -74,7 +74,8 @@ class RayLearner:
             self.returncode = int(ray.get(self._ref))
         except ray.exceptions.RayTaskError as exc:  # worker_main raised: its exception names the cause
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-            self.returncode, self.how = 1, f"raised {type(cause).__name__}: {str(cause).splitlines()[0]}"
+            first_line = (str(cause).splitlines() or [""])[0]
+            self.returncode, self.how = 1, f"raised {type(cause).__name__}: {first_line}"
         except ray.exceptions.RayError as exc:  # the actor's process died (killed, out of memory)
             self.returncode, self.how = -9, f"its Ray actor died: {type(exc).__name__}"
         return self.returncode
