@@ -293,7 +293,9 @@ async def test_a_mixture_draws_its_heldout_curve_from_the_named_environment(tmp_
     assert [p["step"] for p in curve] == [0.0, 2.0]
     episodes = [
         json.loads(line)
-        for line in (run / "heldout_curve" / "step-000002" / "trajectories-bare.jsonl").read_text().splitlines()
+        for line in (run / "heldout_curve" / "step-000002" / "trajectories-bare.jsonl")
+        .read_text()
+        .splitlines()
     ]
     assert len(episodes) == 3 and all(e["task_id"].startswith("test-") for e in episodes)
     assert {e["env_id"] for e in episodes} == {"toy_env:toolgym-test/Target-v0"}
