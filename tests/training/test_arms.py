@@ -53,6 +53,7 @@ TWO = """
     name = "b"
     set = { "train.lr" = 0.05 }
 """
+THREE = TWO + '    [[arm]]\n    name = "c"\n    set = { "train.lr" = 0.002 }\n'
 
 
 # ----------------------------------------------------------------------------- the file
@@ -525,8 +526,7 @@ def test_a_set_without_a_held_out_evaluation_gives_curves_only(tmp_path: Path, c
 
 @pytest.mark.slow
 def test_arms_side_by_side_on_ray_train_what_one_after_another_trains(tmp_path: Path, capsys) -> None:
-    three = TWO + '    [[arm]]\n    name = "c"\n    set = { "train.lr" = 0.002 }\n'
-    path = _arms(tmp_path, three)
+    path = _arms(tmp_path, THREE)
     tiny = tiny_overrides(steps=2, tasks_per_step=1, group_size=2)
     one, ray = tmp_path / "one", tmp_path / "ray"
     assert main(["train", "--arms", str(path), "--out", str(one), *tiny]) == 0
@@ -592,29 +592,36 @@ class _FakeRay:
         return 1.0
 
 
-@pytest.mark.parametrize("loads_first", [True, False])
-def test_on_ray_the_first_arm_runs_alone_when_the_others_load_from_it(
-    tmp_path: Path, monkeypatch, loads_first: bool
-) -> None:
+def _run_on(
+    fake: _FakeRay, plan: Any, out: Path, monkeypatch, *, workers: int, done: list[str] | None = None
+) -> list[str]:
+    """``run_arms_on_ray`` on the stand-in; returns the arms finished, in order."""
     import toolgym.training.arms_ray as arms_ray
 
-    fake = _FakeRay()
     monkeypatch.setattr(arms_ray, "acquire_ray", lambda n: fake)
     monkeypatch.setattr(arms_ray, "release_ray", lambda: None)
-    three = TWO + '    [[arm]]\n    name = "c"\n    set = { "train.lr" = 0.002 }\n'
-    extra = ["warm_start.samples=2"] if loads_first else []
-    plan = plan_arms(_arms(tmp_path, three), None, [*TINY, *extra])
-    assert (plan.warm_start_from == "a") is loads_first
-    done: list[str] = []
+    done = [] if done is None else done
     arms_ray.run_arms_on_ray(
         plan,
-        tmp_path,
+        out,
         ["a", "b", "c"],
-        3,
+        workers,
         begin=lambda n: None,
         finish=lambda n, s: done.append(n),
         say=print,
     )
+    return done
+
+
+@pytest.mark.parametrize("loads_first", [True, False])
+def test_on_ray_the_first_arm_runs_alone_when_the_others_load_from_it(
+    tmp_path: Path, monkeypatch, loads_first: bool
+) -> None:
+    fake = _FakeRay()
+    extra = ["warm_start.samples=2"] if loads_first else []
+    plan = plan_arms(_arms(tmp_path, THREE), None, [*TINY, *extra])
+    assert (plan.warm_start_from == "a") is loads_first
+    done = _run_on(fake, plan, tmp_path, monkeypatch, workers=3)
     if loads_first:  # b and c wait for a; then both start together
         assert fake.log == [("a", ()), ("b", ()), ("c", ("b",))]
     else:
@@ -623,27 +630,14 @@ def test_on_ray_the_first_arm_runs_alone_when_the_others_load_from_it(
 
 
 def test_on_ray_a_failed_arm_is_named_and_the_others_finish(tmp_path: Path, monkeypatch) -> None:
-    import toolgym.training.arms_ray as arms_ray
     from toolgym.errors import RunStopped
 
-    fake = _FakeRay(failing={"b"})
-    monkeypatch.setattr(arms_ray, "acquire_ray", lambda n: fake)
-    monkeypatch.setattr(arms_ray, "release_ray", lambda: None)
-    three = TWO + '    [[arm]]\n    name = "c"\n    set = { "train.lr" = 0.002 }\n'
-    plan = plan_arms(_arms(tmp_path, three), None, TINY)
+    plan = plan_arms(_arms(tmp_path, THREE), None, TINY)
     done: list[str] = []
     with pytest.raises(
         RunStopped, match=r"arms failed: 'b' \(RuntimeError: arm b broke; log .*b/train.log\)"
     ):
-        arms_ray.run_arms_on_ray(
-            plan,
-            tmp_path,
-            ["a", "b", "c"],
-            2,
-            begin=lambda n: None,
-            finish=lambda n, s: done.append(n),
-            say=print,
-        )
+        _run_on(_FakeRay(failing={"b"}), plan, tmp_path, monkeypatch, workers=2, done=done)
     assert done == ["a", "c"]
 
 
