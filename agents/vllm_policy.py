@@ -65,11 +65,12 @@ from toolgym.agents.vllm_weights import WeightLoaderExtension, check_weights_fil
 from toolgym.core import Completion, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
 
-__all__ = ["VLLMPolicy", "WeightLoaderExtension", "require_vllm"]
+__all__ = ["SERVING_DTYPES", "VLLMPolicy", "WeightLoaderExtension", "require_vllm"]
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = ("float32", "bfloat16", "float16")
+#: The dtypes an engine may serve in (``policy.dtype``); weight files are written in it too.
+SERVING_DTYPES = ("float32", "bfloat16", "float16")
 _EXTENSION = "toolgym.agents.vllm_weights.WeightLoaderExtension"
 GiB = 1 << 30
 CPU_BLOCK_SIZE = 32  # the smallest KV block the CPU attention backend accepts
@@ -210,8 +211,8 @@ class VLLMPolicy(ChatPolicy):
     ) -> None:
         vllm = require_vllm("VLLMPolicy")
         require_hf("VLLMPolicy")
-        if dtype not in _DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        if dtype not in SERVING_DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(SERVING_DTYPES)}, got {dtype!r}")
         if max_model_len < 16:
             raise ConfigError(f"max_model_len must be >= 16, got {max_model_len}")
         from vllm.engine.arg_utils import AsyncEngineArgs

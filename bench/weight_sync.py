@@ -2,7 +2,8 @@
 
 Usage::
 
-    python bench/weight_sync.py [--models smollm2,random-1b] [--kinds vllm,vllm-server] [--rounds 3] [--smoke]
+    python bench/weight_sync.py [--models smollm2,random-1b] [--kinds vllm,vllm-server] [--rounds 3]
+        [--dtype bfloat16 [--files engine,float32]] [--smoke]
 
 For each model and each policy kind it starts the policy (``VLLMPolicy``, an engine inside this
 process's reach, or ``VLLMServerPolicy``, vLLM's own server), loads the learner's fp32 twin
@@ -12,7 +13,9 @@ step: ``export`` (the learner's state dict written as safetensors into ``/dev/sh
 engine's in-place reload, measured inside its worker) and ``sync`` (the whole call, pause and resume
 included). It then checks the push reached the engine: the engine's logprobs of a fixed sequence
 equal the learner's (the largest gap is printed: ~1e-6 in fp32, larger when the engine serves
-bfloat16, ``--dtype``).
+bfloat16, ``--dtype``). The file is written in the engine's dtype, as the trainer writes it
+(``--files engine``); ``--files engine,float32`` also measures the fp32 file the engine would cast
+on load, side by side (half the bytes in bfloat16).
 
 Models: ``smollm2`` is the embedded SmolLM2-135M-Instruct; ``random-1b`` a randomly initialised Llama
 of 1.0 B parameters (hidden 2048, 20 layers, 32 heads with 8 key/value heads, MLP 5632, SmolLM2's
@@ -84,7 +87,7 @@ def make_policy(kind: str, model_dir: Path, max_model_len: int, dtype: str):
     return VLLMServerPolicy(model_dir, max_model_len=max_model_len, cpu_reserved=0, dtype=dtype)
 
 
-def measure(kind: str, model_dir: Path, rounds: int, dtype: str) -> dict[str, object]:
+def measure(kind: str, model_dir: Path, rounds: int, dtype: str, file_dtype: str) -> dict[str, object]:
     import torch
 
     from toolgym.training.loss import token_logprobs
@@ -98,7 +101,7 @@ def measure(kind: str, model_dir: Path, rounds: int, dtype: str) -> dict[str, ob
         learner = learner_model(model_dir)
         params = sum(p.numel() for p in learner.parameters())
         rows = []
-        with VLLMWeightSync(policy) as sync:
+        with VLLMWeightSync(policy, dtype=file_dtype) as sync:
             for r in range(rounds):
                 with torch.no_grad():  # a step's worth of change, so every push carries new weights
                     for p in learner.parameters():
@@ -116,13 +119,13 @@ def measure(kind: str, model_dir: Path, rounds: int, dtype: str) -> dict[str, ob
     return {"params": params, "start": start, "rows": rows, "gap": gap}
 
 
-def row(name: str, kind: str, dtype: str, out: dict[str, object]) -> str:
+def row(name: str, kind: str, dtype: str, file_dtype: str, out: dict[str, object]) -> str:
     """One table row: medians over the pushes, and the learner-vs-engine logprob gap after them."""
     rows = out["rows"]
     assert isinstance(rows, list)
     med = {k: statistics.median(r[f"time/weight_{k}"] for r in rows) for k in ("export", "load", "sync")}
     return (
-        f"| {name} | {out['params'] / 1e6:.0f}M | {kind} | {dtype} | {med['export']:.2f} | {med['load']:.2f} | "
+        f"| {name} | {out['params'] / 1e6:.0f}M | {kind} | {dtype} | {file_dtype} | {med['export']:.2f} | {med['load']:.2f} | "
         f"{med['sync']:.2f} | {out['gap']:.1e} |"
     )
 
@@ -140,7 +143,13 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny random model, one kind's rounds: numbers mean nothing"
     )
+    parser.add_argument(
+        "--files",
+        default="engine",
+        help="comma-separated dtypes of the weight file: engine (the serving dtype, as the trainer writes it), float32",
+    )
     args = parser.parse_args()
+    files = list(dict.fromkeys(args.dtype if f == "engine" else f for f in args.files.split(",") if f))
     models = ["random-smoke"] if args.smoke else [m for m in args.models.split(",") if m]
     kinds = [k for k in args.kinds.split(",") if k]
     print(f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
@@ -155,22 +164,33 @@ def main() -> None:
                 model_dir = random_model(name, Path(tmp) / name)
                 gc.collect()  # the generated model is on disk now; only the learner's copy should stay
             for kind in kinds:
-                out = measure(kind, model_dir, args.rounds, args.dtype)
-                results.append((name, kind, out))
-                print(
-                    f"{name} {kind}: {out['params'] / 1e6:.0f}M parameters, started in {out['start']:.0f} s"
-                )
-                print(row(name, kind, args.dtype, out), flush=True)  # each row as soon as it is measured
-    print("\n| model | parameters | policy | dtype | export s | load s | sync s (median) | logprob gap |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, kind, out in results:
-        print(row(name, kind, args.dtype, out))
-    by = {(n, k): statistics.median(r["time/weight_sync"] for r in o["rows"]) for n, k, o in results}
+                for file_dtype in files:
+                    out = measure(kind, model_dir, args.rounds, args.dtype, file_dtype)
+                    results.append((name, kind, file_dtype, out))
+                    print(
+                        f"{name} {kind}: {out['params'] / 1e6:.0f}M parameters, started in {out['start']:.0f} s"
+                    )
+                    print(row(name, kind, args.dtype, file_dtype, out), flush=True)  # as soon as measured
+    print(
+        "\n| model | parameters | policy | engine dtype | file dtype | export s | load s | sync s (median) | logprob gap |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, kind, file_dtype, out in results:
+        print(row(name, kind, args.dtype, file_dtype, out))
+    by = {(n, k, f): statistics.median(r["time/weight_sync"] for r in o["rows"]) for n, k, f, o in results}
     for name in models:
-        if (name, "vllm") in by and (name, "vllm-server") in by:
-            print(
-                f"{name}: the server's sync takes {by[(name, 'vllm-server')] / by[(name, 'vllm')]:.2f}x the in-process engine's"
-            )
+        for file_dtype in files:
+            if (name, "vllm", file_dtype) in by and (name, "vllm-server", file_dtype) in by:
+                ratio = by[(name, "vllm-server", file_dtype)] / by[(name, "vllm", file_dtype)]
+                print(
+                    f"{name}, {file_dtype} file: the server's sync takes {ratio:.2f}x the in-process engine's"
+                )
+        for kind in kinds:
+            if len(files) > 1 and all((name, kind, f) in by for f in files):
+                ratio = by[(name, kind, files[0])] / by[(name, kind, files[-1])]
+                print(
+                    f"{name}, {kind}: a {files[0]} file syncs in {ratio:.2f}x the time of a {files[-1]} file"
+                )
 
 
 if __name__ == "__main__":

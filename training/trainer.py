@@ -135,7 +135,7 @@ class Trainer:
                 # pushes it into the engine after every step.
                 from toolgym.training.weight_sync import VLLMWeightSync
 
-                self.weight_sync = VLLMWeightSync(self.policy)
+                self.weight_sync = VLLMWeightSync(self.policy, dtype=config.policy.dtype)
                 self.model = learner_model(self.policy.model_dir, config.policy.learner_device)
             else:
                 raise ConfigError(

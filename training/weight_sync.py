@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolgym.agents.vllm_policy import VLLMPolicy
+from toolgym.agents.vllm_policy import SERVING_DTYPES, VLLMPolicy
 from toolgym.core import ServedPolicy
 from toolgym.errors import ConfigError
 
@@ -33,16 +33,28 @@ __all__ = ["VLLMWeightSync", "export_weights"]
 logger = logging.getLogger(__name__)
 
 
-def export_weights(model: Any, path: str | Path) -> Path:
+def _check_dtype(dtype: str) -> None:
+    if dtype not in SERVING_DTYPES:
+        raise ConfigError(f"the export dtype must be one of {', '.join(SERVING_DTYPES)}, got {dtype!r}")
+
+
+def export_weights(model: Any, path: str | Path, dtype: str = "float32") -> Path:
     """Write a transformers model's weights to ``path`` as safetensors, with the checkpoint's names.
+
+    ``dtype``: the floating-point type written (the engine's serving dtype: an fp32 learner's weights
+    written as bfloat16 are half the bytes, and the engine would have rounded them the same way on
+    load); other tensors are written as they are.
 
     LoRA adapters are merged in (:func:`~toolgym.training.lora.plain_state_dict`). A tied output head
     (``lm_head.weight`` sharing the embedding's storage) is left out, as
     ``save_pretrained`` does; the engine re-ties it. The file appears atomically (written beside, then
     renamed), so a reader never sees half a file.
     """
+    import torch
     from safetensors.torch import save_file
 
+    _check_dtype(dtype)
+    cast = getattr(torch, dtype)
     path = Path(path)
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     tensors = {}
@@ -51,7 +63,10 @@ def export_weights(model: Any, path: str | Path) -> Path:
     for name, tensor in plain_state_dict(model).items():  # LoRA adapters merged in
         if tied and name == "lm_head.weight":
             continue
-        tensors[name] = tensor.detach().to("cpu").contiguous()
+        tensor = tensor.detach()
+        if tensor.is_floating_point() and tensor.dtype != cast:
+            tensor = tensor.to(cast)
+        tensors[name] = tensor.to("cpu").contiguous()
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(tmp))
     os.replace(tmp, path)
@@ -66,16 +81,20 @@ class VLLMWeightSync:
         policy: the engine to update.
         directory: where the transfer file lives; default a fresh folder in ``/dev/shm`` (RAM) when
             it exists, else the system temp dir. Removed by :meth:`close`.
+        dtype: the engine's serving dtype (``policy.dtype``); the file is written in it.
     """
 
-    def __init__(self, policy: ServedPolicy, directory: str | Path | None = None) -> None:
+    def __init__(
+        self, policy: ServedPolicy, directory: str | Path | None = None, *, dtype: str = "float32"
+    ) -> None:
         from toolgym.agents.vllm_server import VLLMServerPolicy
 
         if not isinstance(policy, VLLMPolicy | VLLMServerPolicy):
             raise ConfigError(
                 f"VLLMWeightSync needs a VLLMPolicy or a VLLMServerPolicy, got {type(policy).__name__}"
             )
-        self.policy = policy
+        _check_dtype(dtype)
+        self.policy, self.dtype = policy, dtype
         if directory is None:
             shm = Path("/dev/shm")
             base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
@@ -93,7 +112,7 @@ class VLLMWeightSync:
         ``time/weight_sync`` (the whole call), in seconds.
         """
         start = time.perf_counter()
-        path = export_weights(model, self.directory / "weights.safetensors")
+        path = export_weights(model, self.directory / "weights.safetensors", self.dtype)
         exported = time.perf_counter()
         try:
             result = self.policy.load_weights(path, version)

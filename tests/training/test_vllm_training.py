@@ -179,3 +179,59 @@ async def test_lora_adapters_reach_the_engine_as_merged_weights(tmp_path: Path) 
         trainer.close()
     finally:
         policy.close()
+
+
+def test_weights_are_written_in_the_serving_dtype(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from toolgym.training.tiny_policy import tiny_model
+    from toolgym.training.weight_sync import export_weights
+
+    model = tiny_model(hidden=16, layers=1)
+    fp32 = load_file(export_weights(model, tmp_path / "fp32.safetensors"))
+    bf16 = load_file(export_weights(model, tmp_path / "bf16.safetensors", "bfloat16"))
+    assert fp32.keys() == bf16.keys() and all(t.dtype == torch.float32 for t in fp32.values())
+    for name, tensor in bf16.items():  # the rounding the engine would have done on load
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, fp32[name].to(torch.bfloat16))
+    smaller = (tmp_path / "bf16.safetensors").stat().st_size / (tmp_path / "fp32.safetensors").stat().st_size
+    assert 0.45 < smaller < 0.55
+    with pytest.raises(ConfigError, match="the export dtype must be one of float32, bfloat16, float16"):
+        export_weights(model, tmp_path / "x.safetensors", "bf16")
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.skipif(SKIP_VLLM, reason="TOOLGYM_SKIP_VLLM=1 asks to skip the vLLM engine tests")
+async def test_a_bfloat16_engine_serves_a_bfloat16_file_as_it_serves_the_fp32_one() -> None:
+    """The trainer writes the engine's dtype (half the bytes); the engine ends with the same weights."""
+    import torch
+
+    from toolgym.agents.models import resolve_model_dir
+    from toolgym.agents.vllm_policy import VLLMPolicy
+    from toolgym.training.policies import learner_model
+    from toolgym.training.weight_sync import VLLMWeightSync
+
+    model_dir = resolve_model_dir(None)
+    learner = learner_model(model_dir)
+    with torch.no_grad():  # weights the engine does not hold yet, so every load is seen
+        torch.manual_seed(0)
+        for p in learner.parameters():
+            p.add_(torch.randn_like(p) * 1e-3)
+    policy = VLLMPolicy(model_dir, max_model_len=512, cpu_reserved=0, dtype="bfloat16")
+    try:
+        sequence = policy.render([{"role": "user", "content": "Say a word."}]) + policy.tokenizer.encode(
+            "Apple.<|im_end|>"
+        )
+        before = await policy.score(sequence)
+        with VLLMWeightSync(policy, dtype="float32") as sync:
+            sync.sync(learner, version=1)
+        from_fp32 = await policy.score(sequence)
+        with VLLMWeightSync(policy, dtype="bfloat16") as sync:
+            timings = sync.sync(learner, version=2)
+        from_bf16 = await policy.score(sequence)
+        assert _worst(from_fp32, before) > 1e-3, "the perturbed weights should move the engine"
+        assert from_bf16 == from_fp32, f"{_worst(from_bf16, from_fp32):.2e} apart"
+        assert timings["time/weight_export"] > 0 and policy.policy_version == 2
+    finally:
+        policy.close()
