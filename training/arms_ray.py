@@ -81,7 +81,7 @@ def run_arms_on_ray(
     """
     ray = acquire_ray(workers)
     try:
-        remote = ray.remote(train_arm)
+        remote = ray.remote(max_calls=1)(train_arm)  # a fresh worker per arm: its memory goes back
         first = plan.names[0]
         loads_first = plan.warm_start_from is not None or any(
             plan.configs[name].heldout.n for name in plan.names

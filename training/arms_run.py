@@ -6,7 +6,9 @@ file order (:func:`run_arms`) and writes the paired results (:mod:`toolgym.train
 
 Arms run one after another by default: the first arm's warm start and held-out ``base``/``control``
 evaluations are what the later arms load, and a single CPU machine gains nothing from running two
-learners at once. ``--arm-workers N`` runs them side by side on Ray instead, up to ``N`` at once,
+learners at once. Each arm runs in a fresh ``python -m toolgym train`` process (:func:`train_arm_process`),
+its output passed through: an arm's memory (engine, learner, allocator caches) goes back to the system
+when it ends, so a set needs the memory of one run, not of all its arms together. ``--arm-workers N`` runs them side by side on Ray instead, up to ``N`` at once,
 after the first when the others load from it (:mod:`toolgym.training.arms_ray`). An arm is finished when its ``DIR/<arm>/arm.json`` says
 ``complete`` (written after ``toolgym train`` returned, with its wall time and attempts); a finished arm
 is skipped, an unfinished one is ``toolgym train`` again with the same overrides, which resumes it from
@@ -16,20 +18,69 @@ its checkpoint.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, RunStopped
 from toolgym.manifest import manifest_differences, read_run_manifest
 from toolgym.training.arms import PLAN, ArmsPlan, command_line, plan_arms
 from toolgym.training.config import to_dict
 
-__all__ = ["ARM_RECORD", "arms_command", "run_arms"]
+__all__ = ["ARM_RECORD", "arms_command", "run_arms", "train_arm_process"]
 
 ARM_RECORD = "arm.json"
 FORMAT = 1
+#: Arms one after another run each in a process of its own (True), or in this one (False: only for
+#: tests that replace toolgym's functions in this process, which a child process would not see).
+ARM_PROCESS = True
+
+
+def train_arm_process(config_path: str | None, overrides: Sequence[str], arm_dir: Path, name: str) -> None:
+    """``toolgym train`` one arm into ``arm_dir`` in a child process (``python -m toolgym``), output
+    passed through; the user's import-path entries go with it (``PYTHONPATH``).
+
+    Interrupting (Ctrl-C) reaches the child too (same process group): it is waited for, so its
+    checkpoint is whole before this returns.
+
+    Raises:
+        RunStopped: the child did not end with status 0 (its own error was printed above), named
+            with its status and the command that resumes the set.
+    """
+    from toolgym.training.ray_backend import user_sys_path
+
+    config = ["--config", config_path] if config_path else []
+    argv = [sys.executable, "-m", "toolgym", "train", *config, "--out", str(arm_dir), *overrides]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*user_sys_path(), *filter(None, [env.get("PYTHONPATH")])])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = subprocess.Popen(argv, env=env)
+    try:
+        code = child.wait()
+    except BaseException:
+        try:  # Ctrl-C reached the child too; give it time to write its checkpoint
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
+    if code != 0:
+        how = f"exited with status {code}"
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        raise RunStopped(
+            f"arm {name!r} {how} (its output is above); the finished arms are kept: rerun the same "
+            "command to resume the set"
+        )
 
 
 def _read_record(arm_dir: Path) -> dict[str, Any]:
@@ -48,8 +99,9 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
 def run_arms(
     plan: ArmsPlan, out_dir: str | Path, *, say: Callable[[str], None] = print, workers: int = 1
 ) -> Path:
-    """Train every arm of ``plan`` into ``out_dir/<arm>/``, one after another (or, with ``workers``
-    > 1, up to that many at once on Ray: :mod:`toolgym.training.arms_ray`); skip finished arms.
+    """Train every arm of ``plan`` into ``out_dir/<arm>/``, one after another, each in a process of
+    its own (or, with ``workers`` > 1, up to that many at once on Ray: :mod:`toolgym.training.arms_ray`);
+    skip finished arms.
 
     Returns ``out_dir``. Each arm is ``toolgym train`` (:func:`~toolgym.training.commands.train_command`)
     with the arm's overrides, so an interrupted arm resumes from its checkpoint. After an arm, its run
@@ -127,7 +179,10 @@ def run_arms(
     for name in todo:
         begin(name)
         started = time.perf_counter()
-        train_command(plan.config_path, plan.overrides[name], out / name)
+        if ARM_PROCESS:
+            train_arm_process(plan.config_path, plan.overrides[name], out / name, name)
+        else:
+            train_command(plan.config_path, plan.overrides[name], out / name)
         finish(name, time.perf_counter() - started)
     return out
 

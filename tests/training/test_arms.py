@@ -292,9 +292,18 @@ ANSWERS = {
 }
 
 
+def _in_this_process(monkeypatch) -> None:
+    """Arms in the test's own process, where the functions replaced below are seen."""
+    import toolgym.training.arms_run as arms_run
+
+    monkeypatch.setattr(arms_run, "ARM_PROCESS", False)
+
+
 def _fake_heldout(monkeypatch, calls: list[str] | None = None) -> None:
     """``run_heldout`` for the tiny policy: the base model and each arm's 'export' are scripted."""
     import toolgym.training.heldout_run as heldout_run
+
+    _in_this_process(monkeypatch)
 
     async def run_heldout(config, run_dir, train_task_ids, *, warm_started=False, served=None):
         from toolgym.agents.eval_runs import compare_runs, load_eval_run
@@ -479,6 +488,7 @@ def test_an_interrupted_set_resumes_where_it_stopped(tmp_path: Path, monkeypatch
 def test_an_arm_trained_against_another_environment_state_is_refused(tmp_path: Path, monkeypatch) -> None:
     import toolgym.training.trainer as trainer_module
 
+    _in_this_process(monkeypatch)
     path = _arms(tmp_path, TWO)
     out = tmp_path / "set"
     overrides = tiny_overrides(steps=1, tasks_per_step=1, group_size=2)
@@ -500,7 +510,8 @@ def test_an_arm_trained_against_another_environment_state_is_refused(tmp_path: P
     assert json.loads((out / "b" / "arm.json").read_text())["status"] == "running"
 
 
-def test_a_set_without_a_held_out_evaluation_gives_curves_only(tmp_path: Path, capsys) -> None:
+def test_a_set_without_a_held_out_evaluation_gives_curves_only(tmp_path: Path, capfd) -> None:
+    """Each arm in a process of its own (the default): its output passes through."""
     out = tmp_path / "set"
     path = _arms(tmp_path, TWO)
     assert (
@@ -516,7 +527,9 @@ def test_a_set_without_a_held_out_evaluation_gives_curves_only(tmp_path: Path, c
         )
         == 0
     )
-    assert "learning curves only" in capsys.readouterr().out
+    printed = capfd.readouterr().out
+    assert "learning curves only" in printed
+    assert printed.count("training: 1/1") == 2  # each arm's own progress, from its process
     data = json.loads((out / "arms.json").read_text())
     assert "results" not in data and [a["status"] for a in data["arms"]] == ["complete", "complete"]
     assert not (out / "arms.md").exists()
@@ -550,6 +563,15 @@ def test_arms_side_by_side_on_ray_train_what_one_after_another_trains(tmp_path: 
     assert capsys.readouterr().out.count("finished earlier") == 3
 
 
+def test_an_arm_process_that_fails_stops_the_set_with_its_name(tmp_path: Path, capfd) -> None:
+    from toolgym.errors import RunStopped
+    from toolgym.training.arms_run import train_arm_process
+
+    with pytest.raises(RunStopped, match="arm 'b' exited with status 2 .*rerun the same command"):
+        train_arm_process(str(tmp_path / "missing.toml"), TINY, tmp_path / "b", "b")
+    assert "toolgym: error:" in capfd.readouterr().err  # the arm's own message, passed through
+
+
 def test_arm_workers_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--arm-workers must be >= 1 \(1: one arm after another\), got 0"):
         arms_command(_arms(tmp_path, TWO), None, TINY, tmp_path / "set", workers=0, say=lambda _: None)
@@ -566,8 +588,12 @@ class _FakeRay:
         self.running: list[str] = []
         self.log: list[tuple[str, tuple[str, ...]]] = []
         self.failing = failing
+        self.decorated: dict[str, Any] = {}
 
-    def remote(self, fn: Any) -> Any:
+    def remote(self, fn: Any = None, **options: Any) -> Any:
+        if fn is None:  # ray.remote(max_calls=1)(fn)
+            self.decorated.update(options)
+            return self.remote
         fake = self
 
         class Task:
@@ -627,6 +653,7 @@ def test_on_ray_the_first_arm_runs_alone_when_the_others_load_from_it(
     else:
         assert fake.log == [("a", ()), ("b", ("a",)), ("c", ("a", "b"))]
     assert done == ["a", "b", "c"]
+    assert fake.decorated == {"max_calls": 1}  # a fresh worker process per arm
 
 
 def test_on_ray_a_failed_arm_is_named_and_the_others_finish(tmp_path: Path, monkeypatch) -> None:
