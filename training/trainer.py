@@ -133,9 +133,10 @@ class Trainer:
             elif isinstance(self.policy, ServedPolicy):
                 # NOTE (weight sync): the engine serves its own copy; the learner trains this one and
                 # pushes it into the engine after every step.
-                from toolgym.training.weight_sync import VLLMWeightSync
+                from toolgym.training.weight_sync import VLLMWeightSync, file_dtype
 
-                self.weight_sync = VLLMWeightSync(self.policy, dtype=config.policy.dtype)
+                dtype = file_dtype(config.policy.dtype, config.policy.learner_device)
+                self.weight_sync = VLLMWeightSync(self.policy, dtype=dtype)
                 self.model = learner_model(self.policy.model_dir, config.policy.learner_device)
             else:
                 raise ConfigError(

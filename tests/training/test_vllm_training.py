@@ -186,8 +186,10 @@ def test_weights_are_written_in_the_serving_dtype(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     from toolgym.training.tiny_policy import tiny_model
-    from toolgym.training.weight_sync import export_weights
+    from toolgym.training.weight_sync import export_weights, file_dtype
 
+    # a CPU learner writes fp32 (the cast costs more than the bytes on CPU), a CUDA one the engine's
+    assert file_dtype("bfloat16", "cpu") == "float32" and file_dtype("bfloat16", "cuda:1") == "bfloat16"
     model = tiny_model(hidden=16, layers=1)
     fp32 = load_file(export_weights(model, tmp_path / "fp32.safetensors"))
     bf16 = load_file(export_weights(model, tmp_path / "bf16.safetensors", "bfloat16"))
