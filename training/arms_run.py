@@ -45,8 +45,9 @@ def train_arm_process(config_path: str | None, overrides: Sequence[str], arm_dir
     """``toolgym train`` one arm into ``arm_dir`` in a child process (``python -m toolgym``), output
     passed through; the user's import-path entries go with it (``PYTHONPATH``).
 
-    Interrupting (Ctrl-C) reaches the child too (same process group): it is waited for, so its
-    checkpoint is whole before this returns.
+    Interrupted (Ctrl-C, which reaches the child too, or a ``kill`` of this process), it stops the
+    child cleanly (:func:`_stop`) before it re-raises: no engine or environment is left running, and
+    the arm resumes from its last checkpoint.
 
     Raises:
         RunStopped: the child did not end with status 0 (its own error was printed above), named
@@ -63,12 +64,8 @@ def train_arm_process(config_path: str | None, overrides: Sequence[str], arm_dir
     child = subprocess.Popen(argv, env=env)
     try:
         code = child.wait()
-    except BaseException:
-        try:  # Ctrl-C reached the child too; give it time to write its checkpoint
-            child.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+    except BaseException:  # Ctrl-C (it reached the child too) or SIGTERM here: stop the arm cleanly
+        _stop(child)
         raise
     if code != 0:
         how = f"exited with status {code}"
@@ -185,6 +182,19 @@ def run_arms(
             train_command(plan.config_path, plan.overrides[name], out / name)
         finish(name, time.perf_counter() - started)
     return out
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """Let an interrupted arm unwind: a few seconds for its own Ctrl-C, then SIGTERM (``toolgym
+    train`` unwinds on it as on Ctrl-C: its ``finally`` blocks close the engine), then SIGKILL."""
+    for sig, grace in ((None, 10.0), (signal.SIGTERM, 60.0), (signal.SIGKILL, 30.0)):
+        if sig is not None:
+            child.send_signal(sig)
+        try:
+            child.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _check_same_environment(out: Path, first: str, name: str, *, allow: Sequence[str]) -> None:

@@ -572,6 +572,19 @@ def test_an_arm_process_that_fails_stops_the_set_with_its_name(tmp_path: Path, c
     assert "toolgym: error:" in capfd.readouterr().err  # the arm's own message, passed through
 
 
+def test_an_interrupted_arm_process_is_stopped_not_left_running() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from toolgym.training.arms_run import _stop
+
+    # a child that did not get the Ctrl-C (e.g. this process was killed): SIGTERM after the grace
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    _stop(child)
+    assert child.returncode == -signal.SIGTERM
+
+
 def test_arm_workers_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--arm-workers must be >= 1 \(1: one arm after another\), got 0"):
         arms_command(_arms(tmp_path, TWO), None, TINY, tmp_path / "set", workers=0, say=lambda _: None)
