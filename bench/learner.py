@@ -24,7 +24,9 @@ step, each group's own prefix once on top of it) and ``lora-step`` (the same wit
 ``--lora-rank``, base weights frozen). ``full-step-2`` (not in the default list) is ``full-step`` shared by
 two learner processes over gloo (``train.learners = 2``): each computes half the groups' gradient,
 the sums are all-reduced, both step the optimizer; the weights reach the second process before the
-timed step. Each process uses ``--threads`` threads.
+timed step. ``fsdp2-step-2`` is ``full-step-2`` with the model split between the two processes
+(``train.shard = "fsdp2"``: FSDP2 shards; the timed step includes gathering the new weights into
+rank 0's whole copy). Each process uses ``--threads`` threads.
 
 Reported per mode: trainable parameters, seconds per step (best of the rounds), learner tokens/s
 (every token of every trained sequence, divided by the step's time: the same work in every mode),
@@ -162,7 +164,9 @@ MODES = {  # lora, share_prefix, share_across_groups, learner processes
     "full-step": (False, True, True, 1),
     "lora-step": (True, True, True, 1),
     "full-step-2": (False, True, True, 2),
+    "fsdp2-step-2": (False, True, True, 2),
 }
+SHARDED = {"fsdp2-step-2"}  # the learners split the model with FSDP2 (train.shard = "fsdp2")
 DEFAULT_MODES = "full-unshared,full-group,full-step,lora-step"
 
 
@@ -190,7 +194,10 @@ def timed_step(
             )
         else:
             sums = accumulate_gradients(trainer.model, plan, share_across_groups=across, **settings)
-        norm = trainer.optimizer.step(tc.max_grad_norm)
+        if learners is not None:  # sharded: each rank steps its shards, rank 0 gathers the weights
+            norm = learners.optimizer_step(trainer.model, trainer.optimizer, tc.max_grad_norm)
+        else:
+            norm = trainer.optimizer.step(tc.max_grad_norm)
         seconds = time.perf_counter() - t0
     return seconds, memory, sums.pg, norm
 
@@ -238,7 +245,8 @@ def run(trainers: dict[bool, Trainer], args: argparse.Namespace) -> None:
                 trainer.optimizer.load_state_dict(optimizer)
                 learners = None
                 if world > 1:  # the other processes get these weights, outside the timed step
-                    learners = groups_of.setdefault(world, LearnerGroup(world))
+                    learners = groups_of.setdefault(world, LearnerGroup(world))  # one process group
+                    learners.shard = "fsdp2" if mode in SHARDED else "none"  # taken at the sync below
                     t0 = time.perf_counter()
                     learners.sync(trainer.model, trainer.optimizer, trainer.config)
                     print(f"round {r + 1} {mode}: weights to the learners {time.perf_counter() - t0:.1f} s")
@@ -281,7 +289,8 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default=DEFAULT_MODES,
-        help=f"comma-separated, of {', '.join(MODES)} (full-step-2: full-step shared by 2 learner processes)",
+        help=f"comma-separated, of {', '.join(MODES)} (full-step-2: full-step shared by 2 learner "
+        "processes; fsdp2-step-2: the same, the model sharded between them)",
     )
     parser.add_argument("--lora-rank", type=int, default=16, help="rank of the lora-* modes")
     parser.add_argument(

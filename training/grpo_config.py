@@ -58,6 +58,9 @@ class GRPOConfig:
             others only compute gradients. At most ``tasks_per_step``; under ``torchrun`` its world
             size decides.
         dist_backend: the learners' process group: ``gloo`` (CPU) or ``nccl`` (CUDA learners).
+        shard: how several learners hold the model: ``none`` (each a whole copy, gradients summed) or
+            ``fsdp2`` (parameters, gradients and optimizer state split across them with FSDP2's
+            ``fully_shard``; :mod:`toolgym.training.fsdp`). Needs two or more learners; not with LoRA.
         learner_timeout: seconds a learner collective may wait before the run stops.
         max_infra_groups: consecutive groups whose every sample is ``infra_error`` (retries included)
             after which the run stops with a message (the infrastructure is down); it resumes from its
@@ -122,6 +125,7 @@ class GRPOConfig:
     ray_env_actors: int = 2
     learners: int = 1
     dist_backend: str = "gloo"
+    shard: str = "none"
     learner_timeout: float = 1800.0
     max_infra_groups: int = 4
     loggers: tuple[str, ...] = ()
@@ -204,6 +208,16 @@ class GRPOConfig:
             raise ConfigError(
                 f"train.dist_backend must be 'gloo' or 'nccl', got {self.dist_backend!r}."
                 f"{did_you_mean(self.dist_backend, ['gloo', 'nccl'])}"
+            )
+        if self.shard not in ("none", "fsdp2"):
+            raise ConfigError(
+                f"train.shard must be 'none' or 'fsdp2', got {self.shard!r}."
+                f"{did_you_mean(self.shard, ['none', 'fsdp2'])}"
+            )
+        if self.shard == "fsdp2" and self.lora_rank > 0:
+            raise ConfigError(
+                "train.shard = 'fsdp2' with LoRA (train.lora_rank > 0): not supported; LoRA's optimizer "
+                "state is small, use train.shard = 'none'"
             )
         if self.learner_timeout <= 0:
             raise ConfigError(f"train.learner_timeout must be > 0 seconds, got {self.learner_timeout}")

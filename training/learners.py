@@ -34,6 +34,10 @@ differs from the checkpoint's). A learner that dies (a crash, SIGKILL) makes the
 fail: the run stops with :class:`~toolgym.errors.RunStopped` naming the rank and how it ended, and
 the same command resumes from the last checkpoint.
 
+Sharded. With ``train.shard = "fsdp2"`` the ranks hold FSDP2 shards of the model and optimizer
+instead of whole copies (:mod:`toolgym.training.fsdp`); the messages, failures and checkpoints are
+the same, and rank 0 gathers the stepped weights into the whole model it samples from.
+
 Limits (each refused at start with its reason): a KL reference model (``train.kl_coef > 0``) and
 more learners than groups per step (``train.tasks_per_step``).
 """
@@ -159,6 +163,15 @@ def agree(model: torch.nn.Module, world: int) -> None:
         )
 
 
+def reduce_sums(sums: LossSums, device: torch.device) -> LossSums:
+    """The step's loss sums added over ranks (every rank calls this; fp64 on ``device``)."""
+    totals = torch.tensor(
+        [getattr(sums, f.name) for f in fields(LossSums)], dtype=torch.float64, device=device
+    )
+    _dist().all_reduce(totals)
+    return LossSums(**{f.name: float(v) for f, v in zip(fields(LossSums), totals.tolist(), strict=True)})
+
+
 class _Step:
     """One learner step's gradient on this rank's share, summed over ranks (every rank runs this)."""
 
@@ -176,14 +189,7 @@ class _Step:
             )
         t0 = time.perf_counter()
         self._reduce_grads()
-        device = self.params[0].device
-        totals = torch.tensor(
-            [getattr(sums, f.name) for f in fields(LossSums)], dtype=torch.float64, device=device
-        )
-        _dist().all_reduce(totals)
-        reduced = LossSums(
-            **{f.name: float(v) for f, v in zip(fields(LossSums), totals.tolist(), strict=True)}
-        )
+        reduced = reduce_sums(sums, self.params[0].device)
         return reduced, time.perf_counter() - t0
 
     def _reduce_grads(self) -> None:
@@ -229,6 +235,7 @@ class LearnerGroup:
         timeout_s: float = 1800.0,
         log_dir: str | Path | None = None,
         placement: str = "process",
+        shard: str = "none",
     ) -> None:
         env_world = torchrun_rank()
         self.external = env_world is not None  # torchrun started the ranks
@@ -239,7 +246,16 @@ class LearnerGroup:
         self.children: dict[int, Any] = {}  # subprocess.Popen, or learner_actors.RayLearner
         self.started = False
         self.synced = False
+        self.shard = shard
+        self.sharded: Any = None  # rank 0's ShardedLearner (train.shard = "fsdp2"), after the first sync
+        self.step_number = 0  # the learner step under way, for messages
         check_learners(self.world, backend, device)
+        if shard == "fsdp2" and self.world < 2:
+            where = "torchrun's world size" if self.external else "train.learners"
+            raise ConfigError(
+                f"train.shard = 'fsdp2' with {self.world} learner ({where}): sharding splits the model "
+                "over several learners; set train.learners >= 2 (or start several torchrun ranks)"
+            )
 
     def check_config(self, config: Any) -> None:
         """The config's limits on several learners, for a world size the config did not set (torchrun)."""
@@ -363,17 +379,52 @@ class LearnerGroup:
         """The step's gradient in ``model``'s ``.grad`` (summed over learners) and its loss sums."""
         if not self.distributed or not plan.samples:
             return accumulate_gradients(model, plan, **settings), {}
+        self.step_number = step
         try:
             if not self.synced:
                 self.sync(model, optimizer, config, step=step)
             self._check_children(step)
             _dist().broadcast_object_list([("step", plan, settings)], src=0)
-            sums, seconds = _Step(model, self.world, 0).run(plan, settings)
+            if self.sharded is not None:
+                sums, seconds = self.sharded.accumulate(plan, settings)
+            else:
+                sums, seconds = _Step(model, self.world, 0).run(plan, settings)
         except RunStopped:  # LearnersDiverged included
             raise
         except Exception as exc:  # a collective failed: which learner, and how
             raise self._stopped(step, exc) from exc
-        return sums, {"time/grad_allreduce": seconds, "learners": float(self.world)}
+        held = {} if self.sharded is None else {"learners/held_share": self.sharded.held}
+        return sums, {"time/grad_allreduce": seconds, "learners": float(self.world), **held}
+
+    def optimizer_step(self, model: torch.nn.Module, optimizer: Any, max_grad_norm: float) -> float:
+        """The optimizer step after :meth:`accumulate`; the gradient norm before clipping. Sharded
+        (``train.shard = "fsdp2"``): every rank steps its shards and rank 0 gathers the new weights
+        into ``model``; ``optimizer`` (rank 0's, over the whole model) only counts the step."""
+        if self.sharded is None:
+            return float(optimizer.step(max_grad_norm))
+        try:
+            norm = self.sharded.step()
+            self.sharded.gather_into(model)
+        except RunStopped:
+            raise
+        except Exception as exc:
+            raise self._stopped(self.step_number, exc) from exc
+        optimizer.advance()
+        return norm
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        """The optimizer's whole state for a checkpoint (sharded: gathered from every rank, in the
+        format one process writes, so the run resumes at any world size)."""
+        if self.sharded is None:
+            return dict(optimizer.state_dict())
+        try:
+            self._check_children(self.step_number)
+            _dist().broadcast_object_list([("state",)], src=0)
+            return self.sharded.full_state()
+        except RunStopped:
+            raise
+        except Exception as exc:
+            raise self._stopped(self.step_number, exc) from exc
 
     def sync(self, model: torch.nn.Module, optimizer: Any, config: Any, *, step: int = 0) -> None:
         """Start the group if needed and give every learner ``model`` and ``optimizer``'s state (none
@@ -382,8 +433,13 @@ class LearnerGroup:
         self.start()
         try:
             self._check_children(step)
-            state = optimizer.state_dict() if optimizer.steps else None
-            _dist().broadcast_object_list([("init", model, state, config)], src=0)
+            state = self.optimizer_state(optimizer) if optimizer.steps else None
+            _dist().broadcast_object_list([("init", model, state, config, self.shard)], src=0)
+            self.sharded = None
+            if self.shard == "fsdp2":  # rank 0 trains a sharded copy; its own model stays whole
+                from toolgym.training.fsdp import ShardedLearner
+
+                self.sharded = ShardedLearner.copy_of(model, config, self.world, state)
         except RunStopped:
             raise
         except Exception as exc:
@@ -397,7 +453,15 @@ class LearnerGroup:
         try:
             self._check_children(step)
             _dist().broadcast_object_list([("finish",)], src=0)
-            agree(model, self.world)
+            if self.sharded is not None:
+                differs = self.sharded.weights_differ(model)
+                if differs:
+                    raise LearnersDiverged(
+                        f"rank 0's weights differ from the learners' shards ({differs}): the gathered "
+                        "update did not reach the model rank 0 samples from"
+                    )
+            else:
+                agree(model, self.world)
         except RunStopped:  # LearnersDiverged included
             raise
         except Exception as exc:
@@ -471,6 +535,7 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
     fault_rank, _, fault_step = fault.partition(":")
     model: torch.nn.Module | None = None
     optimizer: Any = None
+    sharded: Any = None  # a ShardedLearner when train.shard = "fsdp2"
     max_grad_norm = 1.0
     steps = 0
     try:
@@ -481,14 +546,25 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
             if message[0] == "stop":
                 return 0
             if message[0] == "finish":
-                if model is not None:
+                if sharded is not None:
+                    sharded.weights_differ(None)  # rank 0 compares
+                elif model is not None:
                     agree(model, world)
+                continue
+            if message[0] == "state":  # rank 0 gathers the sharded optimizer state for a checkpoint
+                sharded.full_state()
                 continue
             if message[0] == "init":  # rank 0's model, whole; its optimizer state on a resume; the config
                 from toolgym.training.optim import LearnerOptimizer
 
-                model, state, config = message[1:]
+                model, state, config, shard = message[1:]
                 torch.set_num_threads(config.policy.threads or torch.get_num_threads())
+                sharded = None
+                if shard == "fsdp2":
+                    from toolgym.training.fsdp import ShardedLearner
+
+                    sharded = ShardedLearner(model, config, world, rank, state)
+                    continue
                 optimizer = LearnerOptimizer.from_config(model.parameters(), config.train)
                 if state is not None:
                     optimizer.load_state_dict(state)
@@ -498,6 +574,11 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
             steps += 1
             if fault and int(fault_rank) == rank and int(fault_step) == steps:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if sharded is not None:  # rank 0 does the same three things
+                sharded.accumulate(plan, settings)
+                sharded.step()
+                sharded.gather_into(None)
+                continue
             if model is None or optimizer is None:
                 raise RuntimeError("a learner step arrived before the model")
             optimizer.zero_grad()

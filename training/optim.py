@@ -159,6 +159,12 @@ class LearnerOptimizer:
         self._apply_lr()
         return norm
 
+    def advance(self) -> None:
+        """Count a step taken elsewhere (a sharded learner stepped the weights: :mod:`toolgym.training.fsdp`):
+        the schedule moves on as if :meth:`step` had run."""
+        self.steps += 1
+        self._apply_lr()
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "optimizer": self.optimizer.state_dict(),

@@ -119,6 +119,7 @@ class Trainer:
             timeout_s=config.train.learner_timeout,
             log_dir=self.run_dir / "learners",
             placement="ray" if config.train.backend == "ray" else "process",
+            shard=config.train.shard,
         )
         self.learners.check_config(config)
         if policy is not None:
@@ -206,7 +207,7 @@ class Trainer:
             **self.collector.state_dict(),  # next_group, dropped_groups, groups_seen
             "policy_version": self.policy.policy_version,
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.learners.optimizer_state(self.optimizer),  # sharded: gathered
             "curriculum": self.curriculum.state_dict(),
             "curricula": [c.state_dict() for c in self.curricula],
             "mixture": self.sampler.state_dict(),
@@ -442,7 +443,9 @@ class Trainer:
         engine is updated in place (its load_weights sets policy_version).
         """
         with self._weights_lock:
-            grad_norm = self.optimizer.step(self.config.train.max_grad_norm)
+            grad_norm = self.learners.optimizer_step(
+                self.model, self.optimizer, self.config.train.max_grad_norm
+            )
             if self.weight_sync is not None:
                 return grad_norm, self.weight_sync.sync(self.model, self.policy.policy_version + 1)
             self.policy.policy_version += 1

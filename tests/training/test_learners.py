@@ -1,4 +1,5 @@
-"""The data-parallel learner: two gloo learner processes against one, a killed learner, bad settings.
+"""The data-parallel learner (whole copies, or FSDP2 shards): two gloo learner processes against one,
+a killed learner, bad settings.
 
 Real processes, a real gloo process group on CPU, the real trainer on the toy Letters environment
 (tiny byte model) and on the embedded SmolLM2 model; the pure sharding logic is checked in-process.
@@ -161,6 +162,15 @@ def test_learner_settings_are_checked_at_start(override: str, message: str) -> N
         load_config(None, [*OVERRIDES, override])
 
 
+def test_sharding_settings_are_checked_at_start() -> None:
+    with pytest.raises(ConfigError, match="Did you mean 'fsdp2'"):
+        load_config(None, [*OVERRIDES, "train.shard=fsdp"])
+    with pytest.raises(ConfigError, match="train.shard = 'fsdp2' with LoRA"):
+        load_config(None, [*OVERRIDES, "train.shard=fsdp2", "train.lora_rank=4"])
+    with pytest.raises(ConfigError, match=r"'fsdp2' with 1 learner \(train.learners\): sharding splits"):
+        LearnerGroup(1, shard="fsdp2")
+
+
 def test_a_kl_reference_with_several_learners_is_refused() -> None:
     with pytest.raises(ConfigError, match="kl_coef > 0 with train.learners > 1"):
         load_config(None, [*OVERRIDES, "train.learners=2", "train.kl_coef=0.1"])
@@ -213,11 +223,62 @@ def test_two_learners_train_the_weights_one_learner_trains(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_torchrun_runs_the_same_data_parallel_training(tmp_path: Path) -> None:
-    one, ranked = tmp_path / "one", tmp_path / "torchrun"
+    one, ranked, sharded = tmp_path / "one", tmp_path / "torchrun", tmp_path / "torchrun-fsdp2"
     ok(train(one))
     ok(train(ranked, torchrun=2))
     assert [m["learners"] for m in metrics(ranked)] == [2.0, 2.0, 2.0]
     assert max_gap(params(one), params(ranked)) < 1e-6
+    ok(train(sharded, "train.shard=fsdp2", torchrun=2))
+    assert [m["learners/held_share"] for m in metrics(sharded)] == [0.5, 0.5, 0.5]
+    assert max_gap(params(one), params(sharded)) < 1e-6
+
+
+def optimizer_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["optimizer"]
+
+
+@pytest.mark.slow
+def test_fsdp2_learners_train_the_weights_one_learner_trains(tmp_path: Path) -> None:
+    """Two FSDP2-sharded gloo learners against one whole learner: same samples, same weights."""
+    one, two = tmp_path / "one", tmp_path / "fsdp2"
+    ok(train(one))
+    ok(train(two, "train.shard=fsdp2", "--learners", "2"))
+    assert max_gap(params(one), params(two)) < 1e-6
+    assert samples(one) == samples(two)
+    rows = metrics(two)
+    assert [m["learners"] for m in rows] == [2.0, 2.0, 2.0]
+    assert [m["learners/held_share"] for m in rows] == [0.5, 0.5, 0.5]  # each rank holds half
+    assert [m["loss/grad_norm"] for m in rows] == [
+        pytest.approx(m["loss/grad_norm"], rel=1e-5) for m in metrics(one)
+    ]
+    # the checkpoint's optimizer state is gathered into the one-process format: whole tensors
+    a, b = optimizer_state(one), optimizer_state(two)
+    assert a["steps"] == b["steps"] == 3
+    for i, state in a["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            other = b["optimizer"]["state"][i][key]
+            assert type(other) is torch.Tensor and other.shape == state[key].shape
+            assert float((other - state[key]).abs().max()) < 1e-7
+
+
+@pytest.mark.slow
+def test_a_killed_fsdp2_learner_stops_the_run_and_it_resumes_at_any_size(tmp_path: Path) -> None:
+    full, killed, other = tmp_path / "full", tmp_path / "killed", tmp_path / "other"
+    sharded = ["train.shard=fsdp2", "--learners", "2"]
+    ok(train(full, *sharded))
+    out = train(killed, *sharded, env={FAULT_ENV: "1:2"})  # rank 1 dies as step 2 arrives
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "learner rank 1 exited (SIGKILL) during learner step 2" in out.stderr
+    assert len(metrics(killed)) == 1
+    ok(train(killed, *sharded))  # the same command resumes, exactly
+    assert samples(killed) == samples(full)
+    assert max_gap(params(full), params(killed)) == 0.0
+    # a sharded run's checkpoint resumes on one whole learner (the state is gathered, no trace of shards)
+    out = train(other, *sharded, env={FAULT_ENV: "1:2"})
+    assert out.returncode == 2
+    out = ok(train(other))
+    assert "resuming a checkpoint written with 2 learner(s) on 1" in out.stderr + out.stdout
+    assert max_gap(params(full), params(other)) < 1e-6
 
 
 @pytest.mark.slow
@@ -280,9 +341,14 @@ def test_two_learners_on_the_embedded_model(tmp_path: Path) -> None:
         "train.lr=1e-6",
         "train.micro_batch=2",
     ]
-    one, two = tmp_path / "one", tmp_path / "two"
+    one, two, sharded = tmp_path / "one", tmp_path / "two", tmp_path / "fsdp2"
     ok(train(one, *model_args))
     ok(train(two, *model_args, "--learners", "2"))
     assert [m["learners"] for m in metrics(two)] == [2.0, 2.0]
     assert samples(one) == samples(two)
     assert max_gap(params(one), params(two)) < 1e-6
+    # FSDP2 over the 30 decoder layers and the root (tied embedding and output head)
+    ok(train(sharded, *model_args, "train.shard=fsdp2", "--learners", "2"))
+    assert [m["learners/held_share"] for m in metrics(sharded)] == [0.5, 0.5]
+    assert samples(one) == samples(sharded)
+    assert max_gap(params(one), params(sharded)) < 1e-6
