@@ -41,6 +41,7 @@ from toolgym.envs.arxiv_refs.baseline import (
     baseline_rule,
     bm25_baseline,
     placeholder_queries,
+    reference_rule,
 )
 from toolgym.envs.arxiv_refs.data import (
     CONTEXT_END,
@@ -88,5 +89,6 @@ __all__ = [
     "default_corpus_path",
     "load_papers",
     "placeholder_queries",
+    "reference_rule",
     "split_groups",
 ]

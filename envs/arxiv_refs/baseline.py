@@ -8,7 +8,7 @@ Model-free, it reads only what an agent sees, so it is an honest floor for the e
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from toolgym.core import Task
@@ -24,6 +24,7 @@ __all__ = [
     "baseline_rule",
     "bm25_baseline",
     "placeholder_queries",
+    "reference_rule",
 ]
 
 #: Longest baseline query (words): keeps each search call short enough for a small token budget.
@@ -102,6 +103,14 @@ def bm25_baseline(
     return BaselineResult(sum(rewards.values()) / n, {key: v / n for key, v in sums.items()}, rewards)
 
 
+_RESULT_ID = re.compile(r"^\[([0-9a-f]{10})\]", re.MULTILINE)
+
+
+def _result_ids(responses: Sequence[str]) -> list[list[str]]:
+    """The collection ids of each ``search_papers`` result, in rank order."""
+    return [_RESULT_ID.findall(r) for r in responses]
+
+
 class BM25BaselineRule:
     """The BM25 baseline as a rule over the rendered transcript (text in, next assistant turn out).
 
@@ -123,10 +132,33 @@ class BM25BaselineRule:
         responses = tool_responses(transcript)
         if len(responses) < len(queries):
             return format_tool_call("search_papers", {"query": queries[len(responses)], "k": self.k})
-        lists = [re.findall(r"^\[([0-9a-f]{10})\]", r, re.MULTILINE) for r in responses]
-        return format_tool_call("submit", {"paper_ids": _submission(lists, self.k)})
+        return format_tool_call("submit", {"paper_ids": _submission(_result_ids(responses), self.k)})
 
 
 def baseline_rule() -> BM25BaselineRule:
     """The model-free baseline of ``toolgym eval --policy scripted``: BM25 per placeholder, then submit."""
     return BM25BaselineRule(2)
+
+
+def reference_rule(task: Task, k: int = 3, max_queries: int = DEFAULT_MAX_TURNS - 1) -> Callable[[str], str]:
+    """A demonstration of ``task`` built from its gold ids (warm-start data, never evaluation).
+
+    It searches each placeholder sentence as the baseline does (:func:`placeholder_queries`, ``k``
+    results), then submits the gold ids that appeared in the results it was shown, in the order it saw
+    them; with none in sight it submits the top hit of each search, which the verifier scores low. So
+    a reward threshold (``warm_start.min_reward``) keeps the demonstrations that teach "search each
+    cited sentence, then submit the ids from the results that fit", never an id the agent could not
+    have seen.
+    """
+    gold = set(task.reference) if isinstance(task.reference, list | tuple) else set()
+    queries = placeholder_queries(task.prompt, max_queries)
+
+    def rule(transcript: str) -> str:
+        responses = tool_responses(transcript)
+        if len(responses) < len(queries):
+            return format_tool_call("search_papers", {"query": queries[len(responses)], "k": k})
+        lists = _result_ids(responses)
+        seen = [i for i in dict.fromkeys(i for ids in lists for i in ids) if i in gold]
+        return format_tool_call("submit", {"paper_ids": seen or _submission(lists, 1)})
+
+    return rule

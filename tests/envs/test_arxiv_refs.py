@@ -18,6 +18,7 @@ from toolgym.envs.arxiv_refs import (
     baseline_rule,
     bm25_baseline,
     placeholder_queries,
+    reference_rule,
     split_groups,
 )
 from toolgym.errors import ConfigError, ToolCallError
@@ -412,6 +413,35 @@ async def test_scripted_policy_matches_bm25_baseline(default_env):
         )
         assert traj.status == "ok"
         assert traj.reward == pytest.approx(expected[task.id]), task.id
+
+
+async def test_the_reference_demonstration_submits_only_gold_ids_it_was_shown(default_env):
+    """The warm start's demonstrator (``warm_start.source = "reference"``): search, then the seen gold."""
+    rewarded = 0
+    for task in default_env.tasks[:12]:
+        traj = await run_episode(
+            default_env,
+            RulePolicy(reference_rule(task), name="reference"),
+            BareHarness(),
+            options={"task_id": task.id},
+            sampling=SamplingParams(max_tokens=2048),
+            max_total_tokens=200_000,
+        )
+        assert traj.status == "ok"
+        shown = "\n".join(m["content"] for m in traj.messages if m["role"] == "tool")
+        calls = [m["content"] for m in traj.messages if m["role"] == "assistant"]
+        assert all('"search_papers"' in c for c in calls[:-1]) and '"submit"' in calls[-1]
+        submitted = json.loads(calls[-1].split("<tool_call>")[1].split("</tool_call>")[0])["arguments"][
+            "paper_ids"
+        ]
+        assert submitted and all(f"[{i}]" in shown for i in submitted)  # never an id it did not see
+        gold_seen = [i for i in task.reference if f"[{i}]" in shown]
+        if gold_seen:  # exactly the gold it saw: precision 1
+            assert sorted(submitted) == sorted(gold_seen) and traj.reward > 0
+            rewarded += 1
+        else:  # nothing to copy: the top hit of each search, scored low
+            assert traj.reward < 0.5
+    assert rewarded >= 1
 
 
 def test_bm25_baseline_is_nontrivial(default_env):
