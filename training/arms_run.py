@@ -234,6 +234,9 @@ def arms_command(
 
     if workers < 1:
         raise ConfigError(f"--arm-workers must be >= 1 (1: one arm after another), got {workers}")
+    from toolgym.training.commands import exit_cleanly_on_sigterm
+
+    exit_cleanly_on_sigterm()  # a kill of the set stops its running arm too (train_arm_process)
     plan = plan_arms(arms_path, config_path, overrides, out_dir)
     baseline = plan.spec.baseline
     line(f"arms: {', '.join(plan.names)} (baseline {baseline!r}), from {plan.spec.path}")

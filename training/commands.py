@@ -17,7 +17,7 @@ from toolgym.training.config import load_config, to_dict
 from toolgym.training.progress import RunProgress
 from toolgym.training.trainer import Trainer
 
-__all__ = ["heldout_metrics", "report_command", "train_command"]
+__all__ = ["exit_cleanly_on_sigterm", "heldout_metrics", "report_command", "train_command"]
 
 
 def train_command(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path) -> Path:
@@ -34,7 +34,7 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     if ranked is not None and ranked[0] > 0:  # a learner process: it ends here, with its exit code
         exit_worker(worker_main(config.train.dist_backend, config.train.learner_timeout))
     check_trackers(config.train.loggers)  # a missing package stops the run before any work
-    _exit_cleanly_on_sigterm()
+    exit_cleanly_on_sigterm()
     trackers = Trackers()
     progress = RunProgress()
     served: Any = None  # the run's vLLM engine, when the held-out evaluation takes it over
@@ -80,10 +80,11 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     return Path(out_dir)
 
 
-def _exit_cleanly_on_sigterm() -> None:
+def exit_cleanly_on_sigterm() -> None:
     """``kill`` (SIGTERM) unwinds the run like Ctrl-C: the ``finally`` blocks close the vLLM engine's
     processes and the environments, instead of leaving them running. A resume picks up from the last
-    checkpoint either way."""
+    checkpoint either way. A learner step under way (in a worker thread) is not interrupted: the
+    process ends when it returns (minutes, for long sequences on CPU)."""
     import signal
     import threading
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -583,6 +584,59 @@ def test_an_interrupted_arm_process_is_stopped_not_left_running() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     _stop(child)
     assert child.returncode == -signal.SIGTERM
+
+
+def _processes_writing_to(path: Path) -> list[int]:
+    """Pids whose command line names ``path`` (an arm's ``--out``)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(path) in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+def test_killing_the_set_stops_its_running_arm(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "set"
+    here = Path(__file__).resolve().parent
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")]))
+    )
+    long = tiny_overrides(steps=10_000, tasks_per_step=1, group_size=2)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolgym",
+            "train",
+            "--arms",
+            str(_arms(tmp_path, TWO)),
+            "--out",
+            str(out),
+            *long,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not (out / "a" / "metrics.jsonl").exists():  # arm a is training in its own process
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    assert _processes_writing_to(out / "a")
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=150) == 128 + signal.SIGTERM
+    assert _processes_writing_to(out / "a") == []  # the arm was stopped, not orphaned
+    assert json.loads((out / "a" / "arm.json").read_text())["status"] == "running"  # resumable
 
 
 def test_arm_workers_must_be_positive(tmp_path: Path) -> None:
