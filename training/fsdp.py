@@ -129,7 +129,7 @@ class ShardedLearner:
         """This rank's share of the step's gradient, reduce-scattered into the sharded ``.grad``
         (summed over ranks); returns the step's loss sums (summed over ranks) and the seconds spent
         in the synchronising pass and the sums' reduction."""
-        from toolgym.training.learners import reduce_sums, shard_plan
+        from toolgym.training.learner_step import reduce_sums, shard_plan
 
         self.optimizer.zero_grad()
         for unit in self.units:  # step 1: whole parameters, no collective while accumulating
