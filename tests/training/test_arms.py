@@ -94,7 +94,7 @@ def test_settings_layer_base_shared_command_line_then_arm(tmp_path: Path) -> Non
 
 
 def test_the_shipped_arms_files_plan_without_loading_a_model() -> None:
-    assert set(shipped_arms()) == {"curriculum", "compaction", "mixtures"}
+    assert set(shipped_arms()) == {"curriculum", "compaction", "mixtures", "compaction-gpu", "mixtures-gpu"}
     curriculum = plan_arms("curriculum", None, [], "runs/c")
     assert curriculum.names == ["progressive", "all-tools", "in-episode"]
     assert curriculum.warm_start_from == "progressive"
@@ -114,6 +114,44 @@ def test_the_shipped_arms_files_plan_without_loading_a_model() -> None:
     # ... and heldout.env must name an environment of every arm
     with pytest.raises(ConfigError, match=r"arm 'search': heldout.env = 'code' names no environment"):
         plan_arms("mixtures", None, ["heldout.env=code"], "runs/m")
+
+
+def test_the_gpu_versions_of_the_ablations_plan_on_the_gpu_config() -> None:
+    # curriculum: the same arms over --config gpu; compaction and mixtures: their own GPU-sized files
+    plans = {
+        "curriculum": plan_arms("curriculum", "gpu", [], "runs/cg"),
+        "compaction-gpu": plan_arms("compaction-gpu", None, [], "runs/kg"),
+        "mixtures-gpu": plan_arms("mixtures-gpu", None, [], "runs/mg"),
+    }
+    for name, plan in plans.items():
+        for arm, c in plan.configs.items():
+            where = f"{name}/{arm}"
+            assert (c.policy.kind, c.policy.dtype, c.policy.learner_device) == ("vllm", "bfloat16", "cuda"), (
+                where
+            )
+            assert c.train.max_off_policy_steps == 1 and c.train.steps >= 100, where
+    assert [c.curriculum.stages for c in plans["curriculum"].configs.values()] == [
+        (("answer", "search"), ("answer", "search", "open")),
+        (),
+        (("answer", "search"),),
+    ]
+    compaction = plans["compaction-gpu"].configs
+    assert [c.env.harness for c in compaction.values()] == [
+        "scaffold",
+        "scaffold+compact",
+        "scaffold+summary",
+    ]
+    assert all(
+        c.env.id == "toolgym/ArxivRefs-v0" and c.env.max_total_tokens == 4096 for c in compaction.values()
+    )
+    mixtures = plans["mixtures-gpu"].configs
+    assert [[e.id for e in c.envs] for c in mixtures.values()] == [
+        ["toolgym/SearchQA-v0"],
+        ["toolgym/SearchQA-v0", "toolgym/CodeExec-v0"],
+        ["toolgym/SearchQA-v0", "toolgym/CodeExec-v0"],
+    ]
+    assert {c.heldout_env.id for c in mixtures.values()} == {"toolgym/SearchQA-v0"}
+    assert [c.mixture.normalize for c in mixtures.values()][1:] == ["none", "std"]
 
 
 # ----------------------------------------------------------------------------- refusals at start

@@ -208,7 +208,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--arms",
         default=None,
-        help="TOML arms file, or the name of a shipped one (curriculum, compaction, mixtures): train each "
+        help="TOML arms file, or the name of a shipped one (curriculum, compaction, mixtures, and the GPU-sized "
+        "compaction-gpu, mixtures-gpu): train each "
         "arm into OUT/<arm>, then pair every arm with the baseline arm on the held-out set",
     )
     p.add_argument(
