@@ -42,7 +42,7 @@ from typing import Any, cast
 import torch
 
 from toolgym.training.batching import LossSums
-from toolgym.training.grpo import StepPlan, accumulate_gradients
+from toolgym.training.grpo import StepPlan
 
 __all__ = ["SHARD_MODES", "ShardedLearner", "fsdp_units"]
 
@@ -129,7 +129,7 @@ class ShardedLearner:
         """This rank's share of the step's gradient, reduce-scattered into the sharded ``.grad``
         (summed over ranks); returns the step's loss sums (summed over ranks) and the seconds spent
         in the synchronising pass and the sums' reduction."""
-        from toolgym.training.learner_step import reduce_sums, shard_plan
+        from toolgym.training.learner_step import local_gradients, reduce_sums
 
         self.optimizer.zero_grad()
         for unit in self.units:  # step 1: whole parameters, no collective while accumulating
@@ -138,12 +138,7 @@ class ShardedLearner:
             unit.set_requires_gradient_sync(False, recurse=False)
             unit.set_reshard_after_forward(False, recurse=False)
             unit.set_reshard_after_backward(False, recurse=False)
-        mine = shard_plan(plan, self.rank, self.world)
-        sums = LossSums()
-        if mine.groups:
-            sums = accumulate_gradients(
-                self.model, mine, step_tokens=plan.tokens, step_sequences=len(plan.samples), **settings
-            )
+        sums = local_gradients(self.model, plan, self.rank, self.world, settings)
         t0 = time.perf_counter()
         for unit in self.units:  # step 2: one pass every rank runs, with gradient sync on
             unit.set_requires_gradient_sync(True, recurse=False)

@@ -117,6 +117,19 @@ def agree(model: torch.nn.Module, world: int) -> None:
         )
 
 
+def local_gradients(
+    model: torch.nn.Module, plan: StepPlan, rank: int, world: int, settings: dict[str, Any]
+) -> LossSums:
+    """Accumulate this rank's share of the step into ``.grad`` (no collective), each token weighed by
+    the whole step's denominators; a rank with no group this step adds nothing."""
+    mine = shard_plan(plan, rank, world)
+    if not mine.groups:
+        return LossSums()
+    return accumulate_gradients(
+        model, mine, step_tokens=plan.tokens, step_sequences=len(plan.samples), **settings
+    )
+
+
 def reduce_sums(sums: LossSums, device: torch.device) -> LossSums:
     """The step's loss sums added over ranks (every rank calls this; fp64 on ``device``)."""
     totals = torch.tensor(
@@ -135,12 +148,7 @@ class ReplicatedStep:
 
     def run(self, plan: StepPlan, settings: dict[str, Any]) -> tuple[LossSums, float]:
         agree(self.model, self.world)
-        mine = shard_plan(plan, self.rank, self.world)
-        sums = LossSums()
-        if mine.groups:
-            sums = accumulate_gradients(
-                self.model, mine, step_tokens=plan.tokens, step_sequences=len(plan.samples), **settings
-            )
+        sums = local_gradients(self.model, plan, self.rank, self.world, settings)
         t0 = time.perf_counter()
         self._reduce_grads()
         reduced = reduce_sums(sums, self.params[0].device)
