@@ -6,13 +6,14 @@ file order (:func:`run_arms`) and writes the paired results (:mod:`toolgym.train
 
 Arms run one after another by default: the first arm's warm start and held-out ``base``/``control``
 evaluations are what the later arms load, and a single CPU machine gains nothing from running two
-learners at once. Each arm runs in a fresh ``python -m toolgym train`` process (:func:`train_arm_process`),
-its output passed through: an arm's memory (engine, learner, allocator caches) goes back to the system
-when it ends, so a set needs the memory of one run, not of all its arms together. ``--arm-workers N`` runs them side by side on Ray instead, up to ``N`` at once,
-after the first when the others load from it (:mod:`toolgym.training.arms_ray`). An arm is finished when its ``DIR/<arm>/arm.json`` says
-``complete`` (written after ``toolgym train`` returned, with its wall time and attempts); a finished arm
-is skipped, an unfinished one is ``toolgym train`` again with the same overrides, which resumes it from
-its checkpoint.
+learners at once. Each arm runs in a fresh ``python -m toolgym train`` process
+(:func:`train_arm_process`), its output passed through: an arm's memory (engine, learner, allocator
+caches) goes back to the system when it ends, so a set needs the memory of one run, not of all its
+arms together. ``--arm-workers N`` runs them side by side on Ray instead, up to ``N`` at once, after
+the first when the others load from it (:mod:`toolgym.training.arms_ray`). An arm is finished when
+its ``DIR/<arm>/arm.json`` says ``complete`` (written after ``toolgym train`` returned, with its wall
+time and attempts); a finished arm is skipped, an unfinished one is ``toolgym train`` again with the
+same overrides, which resumes it from its checkpoint.
 """
 
 from __future__ import annotations

@@ -57,12 +57,6 @@ def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [*layers, model]
 
 
-def _dist() -> Any:
-    import torch.distributed as dist
-
-    return dist
-
-
 def _is_dtensor(value: Any) -> bool:
     from torch.distributed.tensor import DTensor
 
@@ -208,16 +202,11 @@ class ShardedLearner:
                 return distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
             return value
 
-        if "param_groups" in state:  # a plain AdamW's state (an old checkpoint)
-            inner = state
-            out = dict(state)
-        else:
-            inner = state["optimizer"]
-            out = dict(state)
+        plain = "param_groups" in state  # a plain AdamW's state (an old checkpoint)
+        inner = state if plain else state["optimizer"]
         per_param = {int(k): {n: like(int(k), v) for n, v in s.items()} for k, s in inner["state"].items()}
         shaped = {**inner, "state": per_param}
-        if "param_groups" in state:
+        if plain:
             return shaped
-        out["optimizer"] = shaped
-        out["masters"] = [None if m is None else like(i, m) for i, m in enumerate(state["masters"])]
-        return out
+        masters = [None if m is None else like(i, m) for i, m in enumerate(state["masters"])]
+        return {**state, "optimizer": shaped, "masters": masters}
