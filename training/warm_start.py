@@ -69,6 +69,9 @@ class WarmStartConfig:
             is: its step-0 export is loaded instead of sampling and fine-tuning again. Refused, with
             the fields named, unless that run's environment, policy model and ``[warm_start]``
             settings (``reuse`` aside) equal this config's.
+        seed: the warm start's own seed (which tasks, the demonstrations' sampling, the fine-tune's
+            order); unset, ``train.seed``. Set it to train RL with another ``train.seed`` from one warm
+            start: ``train.seed = 1``, ``warm_start.seed = 0``, ``warm_start.reuse = RUN``.
     """
 
     samples: int = 0
@@ -83,8 +86,11 @@ class WarmStartConfig:
     micro_batch: int = 4
     concurrency: int = 8
     reuse: str = ""
+    seed: int | None = None
 
     def __post_init__(self) -> None:
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"warm_start.seed must be an integer, got {self.seed!r}")
         if self.source not in ("self", "reference"):
             raise ConfigError(
                 f"warm_start.source must be 'self' or 'reference', got {self.source!r}."

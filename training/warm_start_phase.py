@@ -27,7 +27,7 @@ from toolgym.training.warm_start import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["WARM_START_KEYS", "reuse_warm_start", "run_warm_start", "warm_start_tools"]
+__all__ = ["WARM_START_KEYS", "reuse_warm_start", "run_warm_start", "warm_start_seed", "warm_start_tools"]
 
 
 async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
@@ -65,7 +65,7 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
                 trainer.harness,
                 trainer.task_ids,
                 dataclasses.replace(ws, tools=tuple(tools)),
-                seed=config.train.seed + 1_000_003,
+                seed=warm_start_seed(config) + 1_000_003,
                 max_tokens=config.sampling.max_tokens,
                 max_total_tokens=config.env.max_total_tokens,
                 progress=lambda done, total: bar.update(done, total=total),
@@ -74,7 +74,7 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
         trainer.progress.line(f"warm start: kept {len(kept)} of {len(episodes)} episodes; fine-tuning")
         with base_weights_trainable(trainer.model):  # a full fine-tune, adapters or not
             losses = await asyncio.to_thread(
-                fine_tune, trainer.model, kept, ws, seed=config.train.seed, lock=trainer._weights_lock
+                fine_tune, trainer.model, kept, ws, seed=warm_start_seed(config), lock=trainer._weights_lock
             )
         result = summarize(episodes, kept, losses, started, tools=tuple(tools))
     trainer.optimizer.reload_masters()  # a bf16 model's fp32 masters still hold the weights before it
@@ -129,8 +129,16 @@ def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) ->
     differences += [
         f"warm_start.{k}: {theirs.get('warm_start', {}).get(k)!r} there, {v!r} here"
         for k, v in ours["warm_start"].items()
-        if k not in ("reuse", "tools") and theirs.get("warm_start", {}).get(k) != v
+        if k not in ("reuse", "tools", "seed") and theirs.get("warm_start", {}).get(k) != v
     ]
+    their_seed = theirs.get("warm_start", {}).get("seed")
+    their_seed = their_seed if their_seed is not None else theirs.get("train", {}).get("seed")
+    if their_seed != warm_start_seed(config):
+        differences.append(
+            f"the warm start's seed: {their_seed!r} there, {warm_start_seed(config)!r} here (warm_start.seed, "
+            f"else train.seed; to train RL with another train.seed from that warm start, set "
+            f"warm_start.seed = {their_seed!r})"
+        )
     tools = list(warm_start_tools(config))  # the demonstrations' prompt, as that run recorded it
     if sorted(result.get("tools") or []) != sorted(tools):
         differences.append(f"the prompt's tools: {result.get('tools') or 'all'} there, {tools or 'all'} here")
@@ -152,13 +160,19 @@ def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) ->
     return WarmStartResult(**values)
 
 
-#: What decides a warm start besides ``[warm_start]`` itself and the prompt's tools.
+#: What decides a warm start besides ``[warm_start]`` itself, its seed (:func:`warm_start_seed`) and
+#: the prompt's tools.
 WARM_START_KEYS = {
     "env": ("id", "kwargs", "harness", "max_total_tokens", "task_limit", "task_ids"),
     "policy": ("model",),
     "sampling": ("max_tokens",),
-    "train": ("seed",),
 }
+
+
+def warm_start_seed(config: Any) -> int:
+    """The warm start's seed: ``warm_start.seed``, else ``train.seed``."""
+    seed = config.warm_start.seed
+    return int(config.train.seed if seed is None else seed)
 
 
 def warm_start_tools(config: Any) -> tuple[str, ...]:

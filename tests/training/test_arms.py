@@ -192,11 +192,13 @@ REFUSALS = {
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_bad_arms_are_refused_at_start_before_any_model_loads(tmp_path: Path, monkeypatch, case: str) -> None:
     import toolgym.training.policies as policies
+    import toolgym.training.trainer as trainer  # imported first: it holds build_policy by name
 
     def no_model(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a policy was built before the arms were checked")
 
     monkeypatch.setattr(policies, "build_policy", no_model)
+    monkeypatch.setattr(trainer, "build_policy", no_model)
     text, message = REFUSALS[case]
     path = _arms(tmp_path, text)
     out = tmp_path / "set"

@@ -14,7 +14,7 @@ from toolgym.errors import ConfigError
 from toolgym.training.config import load_config
 from toolgym.training.heldout import check_disjoint, heldout_table
 from toolgym.training.loss import TokenFidelityError, token_logprobs
-from toolgym.training.tiny_policy import TinyPolicy
+from toolgym.training.tiny_policy import TinyPolicy, tiny_model
 from toolgym.training.trainer import Trainer
 from toolgym.training.warm_start import WarmStartConfig, _usable, fine_tune, reference_demonstrator
 
@@ -205,3 +205,53 @@ def test_shared_prefix_fine_tune_gives_the_unshared_loss_and_gradient() -> None:
     assert grads[0].shape == grads[1].shape
     assert float((grads[0] - grads[1]).abs().max()) < 1e-5
     assert float(grads[0].abs().max()) > 1e-3  # the comparison is not between two zero gradients
+
+
+async def test_warm_start_seed_lets_another_rl_seed_share_one_warm_start(tmp_path: Path) -> None:
+    """``warm_start.seed`` decides the warm start alone: a run with ``train.seed = 1`` and
+    ``warm_start.seed = 0`` makes the warm start a ``train.seed = 0`` run makes, and may reuse it; with
+    ``train.seed = 1`` alone the reuse is refused, naming the setting that would allow it."""
+    from safetensors.torch import save_file
+
+    from toolgym.training.config import to_dict
+    from toolgym.training.rollouts import env_factory
+    from toolgym.training.warm_start_phase import reuse_warm_start, run_warm_start
+
+    warm = ["warm_start.samples=4", "warm_start.min_reward=0.0", "warm_start.epochs=1", "warm_start.lr=0.01"]
+
+    async def warm_started(run: Path, *extra: str) -> Trainer:
+        trainer = Trainer(load_config(None, [*TINY, *warm, *extra]), run)
+        # one starting model, as a model file on disk would be (the tiny policy is built from train.seed)
+        trainer.model.load_state_dict(tiny_model(hidden=32, layers=2, seed=0).state_dict())
+        trainer.optimizer.reload_masters()
+        make, free = env_factory("asyncio", trainer.config.env.id, dict(trainer.config.env.kwargs))
+        try:
+            await run_warm_start(trainer, make)
+        finally:
+            free()
+            trainer.close()
+        return trainer
+
+    a = await warm_started(tmp_path / "a")
+    b = await warm_started(tmp_path / "b", "train.seed=1", "warm_start.seed=0")
+    c = await warm_started(tmp_path / "c", "train.seed=1")
+    assert json.loads((tmp_path / "a" / "warm_start.json").read_text())["kept"] > 0
+    same = [torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters(), strict=True)]
+    assert all(same), "the warm start depends on warm_start.seed, not on train.seed"
+    other = [torch.equal(x, y) for x, y in zip(a.model.parameters(), c.model.parameters(), strict=True)]
+    assert not all(other), "another seed makes another warm start"
+
+    export = tmp_path / "a" / "export" / "step-000000"  # the tiny policy writes no export of its own
+    export.mkdir(parents=True)
+    state = {k: v.detach().clone().contiguous() for k, v in a.model.state_dict().items()}
+    save_file(state, str(export / "model.safetensors"))
+    (tmp_path / "a" / "config.json").write_text(json.dumps(to_dict(a.config)))
+    with pytest.raises(
+        ConfigError, match=r"the warm start's seed: 0 there, 1 here .*set warm_start.seed = 0"
+    ):
+        reuse_warm_start(tmp_path / "a", load_config(None, [*TINY, *warm, "train.seed=1"]), c.model)
+    again = load_config(None, [*TINY, *warm, "train.seed=1", "warm_start.seed=0"])
+    assert reuse_warm_start(tmp_path / "a", again, c.model).kept > 0
+    assert all(torch.equal(p, state[n]) for n, p in c.model.state_dict().items())
+    with pytest.raises(ConfigError, match="warm_start.seed must be an integer"):
+        load_config(None, ["warm_start.seed='0'"])
