@@ -62,7 +62,7 @@ from typing import Any
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.manifest import flatten
 from toolgym.training.config import TrainConfig, load_config, resolve_shipped, to_dict
-from toolgym.training.warm_start_phase import WARM_START_KEYS, warm_start_seed, warm_start_tools
+from toolgym.training.warm_start_phase import warm_start_identity, warm_start_tools
 
 __all__ = [
     "ALLOWABLE",
@@ -294,12 +294,7 @@ def _env_keys(envs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _warm_start_keys(config: TrainConfig) -> dict[str, Any]:
     """What decides a warm start (as :func:`~toolgym.training.warm_start_phase.reuse_warm_start` checks it)."""
-    data = to_dict(config)
-    out = {f"{s}.{k}": data[s][k] for s, keys in WARM_START_KEYS.items() for k in keys}
-    out.update(
-        {f"warm_start.{k}": v for k, v in data["warm_start"].items() if k not in ("reuse", "tools", "seed")}
-    )
-    out["the warm start's seed (warm_start.seed, else train.seed)"] = warm_start_seed(config)
+    out = warm_start_identity(to_dict(config))
     out["the warm start's tools (warm_start.tools, else the first curriculum stage)"] = sorted(
         warm_start_tools(config)
     )

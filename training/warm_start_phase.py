@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,15 @@ from toolgym.training.warm_start import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["WARM_START_KEYS", "reuse_warm_start", "run_warm_start", "warm_start_seed", "warm_start_tools"]
+__all__ = [
+    "SEED",
+    "WARM_START_KEYS",
+    "reuse_warm_start",
+    "run_warm_start",
+    "warm_start_identity",
+    "warm_start_seed",
+    "warm_start_tools",
+]
 
 
 async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
@@ -119,25 +127,14 @@ def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) ->
         result = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"warm_start.reuse: {run} is unreadable ({exc})") from None
-    ours = to_dict(config)
+    ours, there = warm_start_identity(to_dict(config)), warm_start_identity(theirs)
     differences = [
-        f"{section}.{key}: {theirs.get(section, {}).get(key)!r} there, {ours[section][key]!r} here"
-        for section, keys in WARM_START_KEYS.items()
-        for key in keys
-        if theirs.get(section, {}).get(key) != ours[section][key]
+        f"{k}: {there.get(k)!r} there, {v!r} here" for k, v in ours.items() if k != SEED and there.get(k) != v
     ]
-    differences += [
-        f"warm_start.{k}: {theirs.get('warm_start', {}).get(k)!r} there, {v!r} here"
-        for k, v in ours["warm_start"].items()
-        if k not in ("reuse", "tools", "seed") and theirs.get("warm_start", {}).get(k) != v
-    ]
-    their_seed = theirs.get("warm_start", {}).get("seed")
-    their_seed = their_seed if their_seed is not None else theirs.get("train", {}).get("seed")
-    if their_seed != warm_start_seed(config):
+    if there.get(SEED) != ours[SEED]:
         differences.append(
-            f"the warm start's seed: {their_seed!r} there, {warm_start_seed(config)!r} here (warm_start.seed, "
-            f"else train.seed; to train RL with another train.seed from that warm start, set "
-            f"warm_start.seed = {their_seed!r})"
+            f"{SEED}: {there.get(SEED)!r} there, {ours[SEED]!r} here (warm_start.seed, else train.seed; to "
+            f"train RL with another train.seed from that warm start, set warm_start.seed = {there.get(SEED)!r})"
         )
     tools = list(warm_start_tools(config))  # the demonstrations' prompt, as that run recorded it
     if sorted(result.get("tools") or []) != sorted(tools):
@@ -169,10 +166,26 @@ WARM_START_KEYS = {
 }
 
 
+#: The name :func:`warm_start_identity` gives the warm start's seed.
+SEED = "the warm start's seed"
+
+
 def warm_start_seed(config: Any) -> int:
     """The warm start's seed: ``warm_start.seed``, else ``train.seed``."""
     seed = config.warm_start.seed
     return int(config.train.seed if seed is None else seed)
+
+
+def warm_start_identity(data: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a warm start, by name, from a config as plain data (``to_dict``, or a run's stored
+    ``config.json``, where a setting added since may be missing): :data:`WARM_START_KEYS`, every
+    ``[warm_start]`` setting but ``reuse``, ``tools`` (the prompt's tools are compared on their own)
+    and ``seed``, and the seed the warm start used (:data:`SEED`, as :func:`warm_start_seed` gives it)."""
+    ws = dict(data.get("warm_start", {}))
+    out = {f"{s}.{k}": data.get(s, {}).get(k) for s, keys in WARM_START_KEYS.items() for k in keys}
+    out.update({f"warm_start.{k}": v for k, v in ws.items() if k not in ("reuse", "tools", "seed")})
+    out[SEED] = ws["seed"] if ws.get("seed") is not None else data.get("train", {}).get("seed")
+    return out
 
 
 def warm_start_tools(config: Any) -> tuple[str, ...]:
