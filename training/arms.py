@@ -38,7 +38,7 @@ of them is refused, by name): the held-out set (``heldout.n``, ``split``, ``seed
 the training environments and their task selection (unless ``allow = ["env"]``) and the starting
 policy (``policy.kind``, ``policy.model``, the tiny model's size). With a warm start the first arm
 makes it and every other arm loads it (``warm_start.reuse``), so an arm that changes what decides
-the warm start (``WARM_START_KEYS``, ``[warm_start]``, the first stage's tools) is refused too;
+the warm start (``warm_start_phase.warm_start_identity``, the first stage's tools) is refused too;
 later arms also reuse the first arm's held-out ``base`` and ``control`` evaluations
 (``heldout.reuse``) instead of running them again. After each arm trains, its run manifest must pose
 the same environment as the first arm's (:func:`toolgym.manifest.manifest_differences`).
