@@ -50,7 +50,8 @@ from typing import Any
 
 from toolgym.tools.search.dense import DenseSettings, recall_vs_exact
 from toolgym.tools.search.hybrid import FusionSettings, HybridIndex
-from toolgym.tools.search.index import Index, SearchIndex, build_index, load_index
+from toolgym.tools.search.index import Index, SearchIndex, load_index
+from toolgym.tools.search.index_build import build_index
 
 DATA = resources.files("toolgym.envs") / "data"
 KS = (1, 3, 10)

@@ -28,7 +28,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from toolgym.tools.search.index import Index, build_index
+from toolgym.tools.search.index import Index
+from toolgym.tools.search.index_build import build_index
 
 DATA = resources.files("toolgym.envs") / "data"
 #: Corpus sizes of a ``--smoke`` run.

@@ -75,7 +75,7 @@ def queries(limit: int) -> list[str]:
 
 
 def worker_build(args: argparse.Namespace) -> dict[str, float]:
-    from toolgym.tools.search.index import build_index
+    from toolgym.tools.search.index_build import build_index
 
     peak = TreePeak()
     start = time.perf_counter()

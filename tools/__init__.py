@@ -9,7 +9,7 @@ from __future__ import annotations
 from toolgym.lazy import lazy_exports
 
 _EXPORTS = {
-    "build_index": "toolgym.tools.search.index",
+    "build_index": "toolgym.tools.search.index_build",
     "load_index": "toolgym.tools.search.index",
     "Index": "toolgym.tools.search.index",
     "Hit": "toolgym.tools.search.index",

@@ -57,7 +57,8 @@ from toolgym.envs.arxiv_refs.derive import CacheSettings, derive, phase
 from toolgym.errors import BackendError, ConfigError
 from toolgym.tools.papers.collection import Collection
 from toolgym.tools.papers.store import RecordStore, open_collection, write_collection
-from toolgym.tools.search.index import build_index, cache_dir, load_index
+from toolgym.tools.search.index import cache_dir, load_index
+from toolgym.tools.search.index_build import build_index
 from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, read_manifest
 
 __all__ = ["CACHE_FORMAT", "PREFIX", "BannedIds", "CacheSettings", "Derived", "cache_key", "load_or_build"]

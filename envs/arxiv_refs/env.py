@@ -127,7 +127,7 @@ class ArxivRefsEnv(ToolEnv):
         collection: optional JSONL(.gz) of collection records (papers to search that are not query
             papers: id, title, abstract, authors, year/date, venue, ids), format of
             :mod:`toolgym.tools.papers.records`; linked to bibliography entries by id, then title.
-        backend: search backend for :func:`toolgym.tools.search.index.build_index`.
+        backend: search backend for :func:`toolgym.tools.search.index_build.build_index`.
         retriever: ``"bm25"`` (default), ``"dense"`` or ``"hybrid"`` (see
             :mod:`toolgym.tools.search.retriever`); encoder, query_prefix, passage_prefix: the dense
             encoder's directory (default: the shipped all-MiniLM-L6-v2) and prefixes.

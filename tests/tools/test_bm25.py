@@ -16,7 +16,8 @@ from toolgym.errors import BackendError
 from toolgym.tools.search import bm25_build, bm25_workers, index_manifest
 from toolgym.tools.search.bm25 import anserini_display, lucene_norm_cache
 from toolgym.tools.search.bm25_search import BM25Ranker, exhaustive_top_k
-from toolgym.tools.search.index import Index, build_index, load_index
+from toolgym.tools.search.index import Index, load_index
+from toolgym.tools.search.index_build import build_index
 from toolgym.tools.search.porter import porter_stem
 from toolgym.tools.search.string_table import StringTable, write_string_table
 

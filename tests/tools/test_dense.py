@@ -18,7 +18,8 @@ from toolgym.tools.search.encoder import (
     default_encoder_path,
     inspect_encoder,
 )
-from toolgym.tools.search.index import build_index, load_index
+from toolgym.tools.search.index import load_index
+from toolgym.tools.search.index_build import build_index
 
 
 def _docs(n: int) -> list[dict[str, str]]:

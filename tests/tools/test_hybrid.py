@@ -7,7 +7,8 @@ import pytest
 from toolgym.errors import ConfigError, ToolCallError
 from toolgym.tools.search.dense import DenseSettings
 from toolgym.tools.search.hybrid import FusionSettings, HybridIndex, fuse
-from toolgym.tools.search.index import Hit, build_index
+from toolgym.tools.search.index import Hit
+from toolgym.tools.search.index_build import build_index
 from toolgym.tools.search.retriever import RetrieverSettings, open_retriever
 
 

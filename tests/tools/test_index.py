@@ -9,7 +9,8 @@ import pytest
 
 from toolgym.errors import BackendError, ConfigError, ToolCallError, ToolgymError
 from toolgym.tools.search.bm25 import analyze, lucene_length
-from toolgym.tools.search.index import Hit, Index, UnknownDocument, build_command, build_index, load_index
+from toolgym.tools.search.index import Hit, Index, UnknownDocument, load_index
+from toolgym.tools.search.index_build import build_command, build_index
 
 
 def _corpus() -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
@@ -128,7 +129,7 @@ def test_cache_hit_reuses_the_index(small_docs, tmp_path, monkeypatch, caplog) -
     first = build_index(small_docs)
     assert first.path.parent == tmp_path / "index"
     stamp = (first.path / "manifest.json").stat().st_mtime_ns
-    with caplog.at_level(logging.INFO, logger="toolgym.tools.search.index"):
+    with caplog.at_level(logging.INFO, logger="toolgym.tools.search.index_build"):
         second = build_index(small_docs)
     assert second.path == first.path
     assert (second.path / "manifest.json").stat().st_mtime_ns == stamp
@@ -144,7 +145,7 @@ def test_truncated_index_is_rebuilt_with_a_warning(small_docs, tmp_path, caplog)
     size = weights.stat().st_size
     with open(weights, "r+b") as fh:
         fh.truncate(size // 2)
-    with caplog.at_level(logging.WARNING, logger="toolgym.tools.search.index"):
+    with caplog.at_level(logging.WARNING, logger="toolgym.tools.search.index_build"):
         rebuilt = build_index(small_docs, path=tmp_path / "ix")
     assert "corrupt" in caplog.text and "rebuilding" in caplog.text
     assert weights.stat().st_size == size
@@ -161,7 +162,7 @@ def test_an_index_whose_checked_files_cannot_be_opened_is_rebuilt(small_docs, tm
     (tmp_path / "ix" / "bm25_blockoff.npy").unlink()
     with pytest.raises(BackendError, match="cannot read the index"):
         load_index(tmp_path / "ix")
-    with caplog.at_level(logging.WARNING, logger="toolgym.tools.search.index"):
+    with caplog.at_level(logging.WARNING, logger="toolgym.tools.search.index_build"):
         rebuilt = build_index(small_docs, path=tmp_path / "ix")
     assert "rebuilding" in caplog.text and rebuilt.search("Super Bowl", k=3)
 
@@ -435,7 +436,7 @@ if {missing!r} == "pyserini":
 else:
     sys.modules[{missing!r}] = None
 from toolgym.errors import MissingDependencyError
-from toolgym.tools.search.index import build_index
+from toolgym.tools.search.index_build import build_index
 try:
     build_index([{{"id": "a", "title": "t", "text": "x"}}], backend="pyserini", path="{{tmp}}")
 except MissingDependencyError as exc:

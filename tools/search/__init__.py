@@ -33,7 +33,7 @@ _EXPORTS = {
     "Hit": "toolgym.tools.search.index",
     "Index": "toolgym.tools.search.index",
     "UnknownDocument": "toolgym.tools.search.index",
-    "build_index": "toolgym.tools.search.index",
+    "build_index": "toolgym.tools.search.index_build",
     "cache_dir": "toolgym.tools.search.index",
     "load_index": "toolgym.tools.search.index",
 }

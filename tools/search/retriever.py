@@ -2,7 +2,7 @@
 
 :class:`RetrieverSettings` is the whole choice (a frozen, hashable value, so a process can share one
 index per setting); :func:`open_retriever` builds or reuses the indexes it needs through
-:func:`~toolgym.tools.search.index.build_index` (same cache, same content-hash rules) and returns a
+:func:`~toolgym.tools.search.index_build.build_index` (same cache, same content-hash rules) and returns a
 :class:`~toolgym.tools.search.index.SearchIndex`:
 
 * ``bm25`` — one BM25 index (backend ``default`` or ``pyserini``); what the environments have always used.
@@ -24,7 +24,8 @@ from typing import Any
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.tools.search.dense import DenseSettings
 from toolgym.tools.search.hybrid import FusionSettings, HybridIndex
-from toolgym.tools.search.index import SearchIndex, build_command, build_index
+from toolgym.tools.search.index import SearchIndex
+from toolgym.tools.search.index_build import build_command, build_index
 
 __all__ = ["RETRIEVERS", "RetrieverSettings", "open_retriever", "retriever_command"]
 
@@ -87,7 +88,7 @@ def open_retriever(docs: Callable[[], Iterable[dict[str, Any]]], settings: Retri
     ``docs`` is called once per index (twice for ``hybrid``), so it may return a generator.
 
     Raises:
-        ConfigError, MissingDependencyError: as :func:`~toolgym.tools.search.index.build_index`.
+        ConfigError, MissingDependencyError: as :func:`~toolgym.tools.search.index_build.build_index`.
     """
     if settings.retriever == "bm25":
         return build_index(docs(), backend=settings.backend)
