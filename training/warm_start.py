@@ -327,11 +327,13 @@ def fine_tune(
     *,
     seed: int,
     lock: Any = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[float]:
     """Minimise the mean NLL of the trajectories' mask-1 tokens; returns the mean loss of each epoch.
 
     One optimizer step per micro-batch, on that micro-batch's mean token NLL. ``lock`` (the policy's
     weights lock) is held around each update so a concurrent sampler never sees half-updated weights.
+    ``progress(done, total)`` is called after every optimizer step (``total``: epochs x micro-batches).
     """
     import torch
 
@@ -346,6 +348,8 @@ def fine_tune(
     order = list(range(len(trajectories)))
     rng = random.Random(seed)
     losses: list[float] = []
+    total = config.epochs * -(-len(order) // config.micro_batch)
+    done = 0
     for _ in range(config.epochs):
         rng.shuffle(order)
         epoch_nll, epoch_tokens = 0.0, 0
@@ -362,6 +366,9 @@ def fine_tune(
                 optimizer.step()
             epoch_nll += float(nll.detach())
             epoch_tokens += tokens
+            done += 1
+            if progress is not None:
+                progress(done, total)
         losses.append(epoch_nll / max(epoch_tokens, 1))
     optimizer.zero_grad(set_to_none=True)
     return losses

@@ -80,9 +80,18 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
                 policy_for=policy_for,
             )
         trainer.progress.line(f"warm start: kept {len(kept)} of {len(episodes)} episodes; fine-tuning")
-        with base_weights_trainable(trainer.model):  # a full fine-tune, adapters or not
+        with (
+            base_weights_trainable(trainer.model),  # a full fine-tune, adapters or not
+            trainer.progress.task("warm start: fine-tuning steps") as bar,
+        ):
             losses = await asyncio.to_thread(
-                fine_tune, trainer.model, kept, ws, seed=warm_start_seed(config), lock=trainer._weights_lock
+                fine_tune,
+                trainer.model,
+                kept,
+                ws,
+                seed=warm_start_seed(config),
+                lock=trainer._weights_lock,
+                progress=lambda done, total: bar.update(done, total=total),
             )
         result = summarize(episodes, kept, losses, started, tools=tuple(tools))
     trainer.optimizer.reload_masters()  # a bf16 model's fp32 masters still hold the weights before it

@@ -46,6 +46,15 @@ def test_fine_tune_raises_the_likelihood_of_sampled_tokens_only() -> None:
     assert losses[0] == pytest.approx(-float(before[0, len(prompt) :].mean()), rel=1e-5)
 
 
+def test_fine_tune_reports_every_optimizer_step() -> None:
+    model = TinyPolicy(hidden=16, layers=1, seed=0).model
+    t = trajectory([5, 6, 7, 8, 9], [0, 0, 1, 1, 1])
+    seen: list[tuple[int, int]] = []
+    config = WarmStartConfig(samples=1, epochs=2, lr=0.01, micro_batch=2)
+    fine_tune(model, [t, t, t], config, seed=0, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]  # 2 micro-batches (2 + 1 episodes) per epoch
+
+
 def test_fine_tune_refuses_altered_tokens() -> None:
     model = TinyPolicy(hidden=16, layers=1, seed=0).model
     t = trajectory([1, 2, 3], [0, 1, 1])
