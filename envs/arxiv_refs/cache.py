@@ -59,7 +59,7 @@ from toolgym.tools.papers.collection import Collection
 from toolgym.tools.papers.store import RecordStore, open_collection, write_collection
 from toolgym.tools.search.index import cache_dir, load_index
 from toolgym.tools.search.index_build import build_index
-from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, read_manifest
+from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, read_manifest, swap_in
 
 __all__ = ["CACHE_FORMAT", "PREFIX", "BannedIds", "CacheSettings", "Derived", "cache_key", "load_or_build"]
 
@@ -243,20 +243,13 @@ def _build(
                 f"{corpus if collection_path is None else f'{corpus} or {collection_path}'} changed while it "
                 "was read; nothing was cached. Run again once the file is complete"
             )
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            target.rename(old)
         try:
-            tmp.rename(target)
+            swap_in(tmp, target)
         except OSError:
             if not target.is_dir():
                 raise
             # Another process (where there is no flock) finished first; the caller checks its entry.
             log.info("another process wrote %s first; using it", target)
-        finally:
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

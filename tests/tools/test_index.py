@@ -455,3 +455,22 @@ except MissingDependencyError as exc:
         )
     assert "EXTRA pyserini |" in out.stdout, out.stdout + out.stderr
     assert "pip install 'toolgym[pyserini]'" in out.stdout
+
+
+def test_swap_in_replaces_a_directory_whole_and_leaves_nothing_aside(tmp_path) -> None:
+    from toolgym.tools.search.index_manifest import swap_in
+
+    target = tmp_path / "index"
+    for generation in ("first", "second"):
+        tmp = tmp_path / f".index.tmp-{generation}"
+        tmp.mkdir()
+        (tmp / "part").write_text(generation)
+        swap_in(tmp, target)
+        assert (target / "part").read_text() == generation and not tmp.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]  # the old one removed, not left aside
+    # a rename that cannot happen raises, and the build is left where it was
+    rival = tmp_path / ".index.tmp-rival"
+    (rival / "sub").mkdir(parents=True)
+    with pytest.raises(OSError):
+        swap_in(rival, tmp_path / "no-such-folder" / "index")
+    assert (rival / "sub").is_dir()

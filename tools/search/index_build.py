@@ -31,7 +31,7 @@ from toolgym.data import iter_jsonl
 from toolgym.errors import BackendError, ConfigError
 from toolgym.tools.search.doc_store import DOC_FILES, DocumentStore, DocumentWriter
 from toolgym.tools.search.index import Index, cache_dir, check_backend
-from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, read_manifest
+from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, read_manifest, swap_in
 
 if TYPE_CHECKING:
     from toolgym.tools.search.dense import DenseSettings
@@ -265,21 +265,14 @@ def _build(
                     )
 
         manifest = _index_files(tmp, backend, key, corpus_sha, ids, settings, dense)
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            target.rename(old)
         try:
-            tmp.rename(target)
+            swap_in(tmp, target)
         except OSError:
             # Another process finished the same build first: use its index if it is sound.
             if (target / MANIFEST).exists() and read_manifest(target).get("key") == key:
                 log.info("another process built %s first; using it", target)
                 return Index(target, read_manifest(target, verify=False), encoder=encoder, dense=chosen_dense)
             raise
-        finally:
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

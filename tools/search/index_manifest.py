@@ -2,7 +2,8 @@
 
 :func:`file_table` lists a finished index's files; :func:`read_manifest` verifies a directory against
 its ``manifest.json`` and raises :class:`~toolgym.errors.BackendError` with the fix when a file is
-missing, truncated, altered or from another format version (see :mod:`toolgym.tools.search.index`).
+missing, truncated, altered or from another format version (see :mod:`toolgym.tools.search.index`);
+:func:`swap_in` puts a finished build in its place.
 
 Hashing a million-passage index takes seconds, so opening it in milliseconds needs a shortcut, the
 one ``git status`` takes: after a file's sha256 has been verified, its stat signature (size, mtime,
@@ -21,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +30,16 @@ from typing import Any, Literal
 
 from toolgym.errors import BackendError
 
-__all__ = ["FORMAT", "MANIFEST", "VERIFIED", "file_table", "fix_hint", "read_manifest", "sha256_file"]
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "VERIFIED",
+    "file_table",
+    "fix_hint",
+    "read_manifest",
+    "sha256_file",
+    "swap_in",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,25 @@ def file_table(root: Path) -> dict[str, dict[str, Any]]:
     return {
         p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files
     }
+
+
+def swap_in(tmp: Path, target: Path) -> None:
+    """Rename the finished directory ``tmp`` to ``target``; a ``target`` already there is renamed aside
+    first and removed after, so readers see the old directory or the new one, never half of either.
+
+    Raises:
+        OSError: a rename failed (``tmp`` is left in place); typically another process's build took
+            ``target`` first, and the caller decides whether to use it.
+    """
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+        target.rename(old)
+    try:
+        tmp.rename(target)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def fix_hint(path: Path) -> str:
