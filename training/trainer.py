@@ -55,6 +55,7 @@ import torch
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
 from toolgym.errors import ConfigError
+from toolgym.procs import descendants, record_processes, stop_leftovers
 from toolgym.registry import check_id
 from toolgym.trackers import Trackers
 from toolgym.training.checkpoint import (
@@ -89,6 +90,10 @@ from toolgym.training.task_filter import PassRateFilter, task_pool
 __all__ = ["Trainer", "build_policy", "shaped_reward"]  # shaped_reward: re-exported
 
 log = logging.getLogger(__name__)
+
+#: The processes the run's policy started (a vLLM engine's), for the next run here to stop if this
+#: one is killed before it can.
+PROCESSES_FILE = "processes.json"
 
 
 class Trainer:
@@ -125,7 +130,7 @@ class Trainer:
         if policy is not None:
             require_trainable(policy)
         self._owns_policy = policy is None
-        self.policy: TrainablePolicy | ServedPolicy = policy if policy is not None else build_policy(config)
+        self.policy: TrainablePolicy | ServedPolicy = policy if policy is not None else self._start_policy()
         self.weight_sync: Any = None
         tc = config.train
         try:
@@ -195,6 +200,22 @@ class Trainer:
         self.curve_steps: list[int] = []  # steps with a held-out curve point
         self.collector = StepCollector(config, self.progress)
         self.last_metrics: dict[str, float] = {}
+
+    def _start_policy(self) -> TrainablePolicy | ServedPolicy:
+        """Build the config's policy; list the processes it started in ``RUN/processes.json`` after
+        stopping those an earlier, killed run in this directory left running (see toolgym.procs)."""
+        record = self.run_dir / PROCESSES_FILE
+        if stopped := stop_leftovers(record):
+            message = (
+                f"stopped {len(stopped)} process(es) an earlier run in {self.run_dir} started and left "
+                f"running when it was killed (pids {', '.join(map(str, stopped))}: its policy's engine)"
+            )
+            log.warning(message)
+            self.progress.line(message)
+        before = descendants()
+        policy = build_policy(self.config)
+        record_processes(record, descendants() - before)
+        return policy
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

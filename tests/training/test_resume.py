@@ -92,14 +92,27 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_run(
             break
         time.sleep(0.01)
     assert proc.poll() is None, "the run finished before it could be killed"
+    killed_pid = proc.pid
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     steps_at_kill = len(metrics_file.read_text().splitlines())
     assert steps_at_kill < 6
+    # The run lists the processes its policy started (none for the tiny policy); stand in a process
+    # for a vLLM engine a killed run leaves behind: the rerun must stop it.
+    record = json.loads((killed / "processes.json").read_text())
+    assert record["owner"]["pid"] == killed_pid and record["processes"] == []
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    started = int(Path(f"/proc/{leftover.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    record["processes"] = [{"pid": leftover.pid, "started": started}]
+    (killed / "processes.json").write_text(json.dumps(record))
 
     proc = start(killed, overrides)  # same command: it resumes from killed/checkpoint.pt
-    assert proc.wait(timeout=600) == 0, proc.stderr.read()
+    try:
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()
+        assert leftover.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        leftover.kill()
 
     full_metrics, full_trajs = comparable(full)
     resumed_metrics, resumed_trajs = comparable(killed)
