@@ -30,6 +30,7 @@ from typing import Any
 
 from toolgym.errors import ConfigError, RunStopped
 from toolgym.manifest import manifest_differences, read_run_manifest
+from toolgym.procs import PROCESSES_FILE, stop_leftovers
 from toolgym.training.arms import PLAN, ArmsPlan, command_line, plan_arms
 from toolgym.training.config import to_dict
 
@@ -75,6 +76,8 @@ def train_arm_process(config_path: str | None, overrides: Sequence[str], arm_dir
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
                 how = f"was killed by signal {-code}"
+            if stopped := stop_leftovers(arm_dir / PROCESSES_FILE):  # its engine outlived it
+                how += f"; the {len(stopped)} process(es) its policy had started were stopped"
         raise RunStopped(
             f"arm {name!r} {how} (its output is above); the finished arms are kept: rerun the same "
             "command to resume the set"

@@ -55,7 +55,7 @@ import torch
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
 from toolgym.errors import ConfigError
-from toolgym.procs import descendants, record_processes, stop_leftovers
+from toolgym.procs import PROCESSES_FILE, descendants, record_processes, stop_leftovers
 from toolgym.registry import check_id
 from toolgym.trackers import Trackers
 from toolgym.training.checkpoint import (
@@ -90,10 +90,6 @@ from toolgym.training.task_filter import PassRateFilter, task_pool
 __all__ = ["Trainer", "build_policy", "shaped_reward"]  # shaped_reward: re-exported
 
 log = logging.getLogger(__name__)
-
-#: The processes the run's policy started (a vLLM engine's), for the next run here to stop if this
-#: one is killed before it can.
-PROCESSES_FILE = "processes.json"
 
 
 class Trainer:

@@ -20,7 +20,11 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["descendants", "free_port", "log_tail", "record_processes", "stop_leftovers"]
+__all__ = ["PROCESSES_FILE", "descendants", "free_port", "log_tail", "record_processes", "stop_leftovers"]
+
+#: In a run directory: the processes the run's policy started (a vLLM engine's), for the next run
+#: there (or the arms driver, when the run was killed) to stop if the run could not.
+PROCESSES_FILE = "processes.json"
 
 
 def free_port() -> int:

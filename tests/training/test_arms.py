@@ -613,6 +613,48 @@ def test_an_arm_process_that_fails_stops_the_set_with_its_name(tmp_path: Path, c
     assert "toolgym: error:" in capfd.readouterr().err  # the arm's own message, passed through
 
 
+@pytest.mark.slow
+def test_an_arm_killed_outright_has_its_policys_processes_stopped(tmp_path: Path, monkeypatch) -> None:
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from toolgym.errors import RunStopped
+    from toolgym.training.arms_run import train_arm_process
+
+    here = Path(__file__).resolve().parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
+    arm, failure = tmp_path / "a", []
+
+    def run() -> None:
+        try:
+            train_arm_process(None, tiny_overrides(steps=10_000, tasks_per_step=1, group_size=2), arm, "a")
+        except RunStopped as exc:
+            failure.append(str(exc))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    record, deadline = arm / "processes.json", time.monotonic() + 120
+    while not (arm / "metrics.jsonl").exists():  # the arm's trainer listed its policy's processes by now
+        assert thread.is_alive() and time.monotonic() < deadline
+        time.sleep(0.2)
+    listed = json.loads(record.read_text())
+    # a stand-in for the vLLM engine a killed arm leaves behind (the tiny policy starts none)
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    started = int(Path(f"/proc/{engine.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    try:
+        listed["processes"] = [{"pid": engine.pid, "started": started}]
+        record.write_text(json.dumps(listed))
+        os.kill(listed["owner"]["pid"], signal.SIGKILL)  # as the out-of-memory killer does
+        thread.join(timeout=60)
+        assert failure and "arm 'a' was killed by SIGKILL; the 1 process(es) its policy" in failure[0]
+        assert engine.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        engine.kill()
+
+
 def test_an_interrupted_arm_process_is_stopped_not_left_running() -> None:
     import signal
     import subprocess
