@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from toolgym.procs import descendants, record_processes, stop_leftovers
+from toolgym.procs import descendants, record_processes, start_time, stop_leftovers
 
 # A parent that starts a long-lived child (as a run starts its vLLM engine), prints its pid, waits.
 PARENT = (
@@ -40,7 +40,7 @@ def test_the_processes_of_a_killed_owner_are_stopped_and_nothing_else(tmp_path) 
         assert stop_leftovers(record) == [] and _alive(child)
         # the record as the owner would have written it; the owner then killed outright
         data = json.loads(record.read_text())
-        data["owner"] = {"pid": owner.pid, "started": _start_time(owner.pid)}
+        data["owner"] = {"pid": owner.pid, "started": start_time(owner.pid)}
         record.write_text(json.dumps(data))
         assert stop_leftovers(record) == []  # the owner still runs
         owner.send_signal(signal.SIGKILL)
@@ -65,7 +65,7 @@ def test_a_reused_pid_or_an_unreadable_record_stops_nothing(tmp_path) -> None:
         json.dumps(
             {
                 "owner": {"pid": 999_999_999, "started": 1},
-                "processes": [{"pid": me, "started": _start_time(me) + 1}],
+                "processes": [{"pid": me, "started": start_time(me) + 1}],
             }
         )
     )
@@ -73,8 +73,3 @@ def test_a_reused_pid_or_an_unreadable_record_stops_nothing(tmp_path) -> None:
     record.write_text("{not json")
     assert stop_leftovers(record) == []
     assert stop_leftovers(tmp_path / "missing.json") == []
-
-
-def _start_time(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as fh:
-        return int(fh.read().rsplit(")", 1)[1].split()[19])

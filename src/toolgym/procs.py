@@ -20,7 +20,15 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["PROCESSES_FILE", "descendants", "free_port", "log_tail", "record_processes", "stop_leftovers"]
+__all__ = [
+    "PROCESSES_FILE",
+    "descendants",
+    "free_port",
+    "log_tail",
+    "record_processes",
+    "start_time",
+    "stop_leftovers",
+]
 
 #: In a run directory: the processes the run's policy started (a vLLM engine's), for the next run
 #: there (or the arms driver, when the run was killed) to stop if the run could not.
@@ -42,14 +50,19 @@ def log_tail(path: Path | None, lines: int) -> str:
     return f"; the end of {path}:\n  " + "\n  ".join(tail) if tail else ""
 
 
-def _started(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot), or ``None`` when there is no such process."""
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` from the third (state) on, or ``None`` when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is field 3
-    return int(fields[19]) if fields[0] != "Z" else None  # field 22: starttime; a zombie has ended
+    return stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ", comm may hold spaces
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), or ``None`` when it has ended (a zombie too)."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields is not None and fields[0] != "Z" else None  # field 22: starttime
 
 
 def descendants(pid: int | None = None) -> set[int]:
@@ -57,14 +70,8 @@ def descendants(pid: int | None = None) -> set[int]:
     root = os.getpid() if pid is None else pid
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+        if entry.name.isdigit() and (fields := _stat(entry.name)) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))  # field 4: ppid
     found: set[int] = set()
     todo = [root]
     while todo:
@@ -79,9 +86,9 @@ def record_processes(path: Path, pids: Iterable[int]) -> None:
     """Write ``pids`` (with their start times) and this process, their owner, to ``path``."""
     me = os.getpid()
     listed = [
-        {"pid": pid, "started": started} for pid in sorted(pids) if (started := _started(pid)) is not None
+        {"pid": pid, "started": started} for pid in sorted(pids) if (started := start_time(pid)) is not None
     ]
-    record = {"owner": {"pid": me, "started": _started(me)}, "processes": listed}
+    record = {"owner": {"pid": me, "started": start_time(me)}, "processes": listed}
     path.write_text(json.dumps(record, indent=1))
 
 
@@ -97,11 +104,11 @@ def stop_leftovers(path: Path) -> list[int]:
         listed = [(int(p["pid"]), int(p["started"])) for p in record["processes"]]
     except (OSError, ValueError, KeyError, TypeError):
         return []
-    if owner.get("started") is not None and _started(int(owner["pid"])) == owner["started"]:
+    if owner.get("started") is not None and start_time(int(owner["pid"])) == owner["started"]:
         return []
     stopped = []
     for pid, started in listed:
-        if _started(pid) == started:
+        if start_time(pid) == started:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:

@@ -622,6 +622,7 @@ def test_an_arm_killed_outright_has_its_policys_processes_stopped(tmp_path: Path
     import time
 
     from toolgym.errors import RunStopped
+    from toolgym.procs import start_time
     from toolgym.training.arms_run import train_arm_process
 
     here = Path(__file__).resolve().parent
@@ -643,9 +644,8 @@ def test_an_arm_killed_outright_has_its_policys_processes_stopped(tmp_path: Path
     listed = json.loads(record.read_text())
     # a stand-in for the vLLM engine a killed arm leaves behind (the tiny policy starts none)
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    started = int(Path(f"/proc/{engine.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     try:
-        listed["processes"] = [{"pid": engine.pid, "started": started}]
+        listed["processes"] = [{"pid": engine.pid, "started": start_time(engine.pid)}]
         record.write_text(json.dumps(listed))
         os.kill(listed["owner"]["pid"], signal.SIGKILL)  # as the out-of-memory killer does
         thread.join(timeout=60)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from toolgym.procs import start_time
+
 HERE = Path(__file__).resolve().parent
 OVERRIDES = [
     "env.id=toy_env:toolgym-test/Letters-v0",
@@ -103,8 +105,7 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_run(
     record = json.loads((killed / "processes.json").read_text())
     assert record["owner"]["pid"] == killed_pid and record["processes"] == []
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    started = int(Path(f"/proc/{leftover.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    record["processes"] = [{"pid": leftover.pid, "started": started}]
+    record["processes"] = [{"pid": leftover.pid, "started": start_time(leftover.pid)}]
     (killed / "processes.json").write_text(json.dumps(record))
 
     proc = start(killed, overrides)  # same command: it resumes from killed/checkpoint.pt
