@@ -16,7 +16,7 @@ by the policy on this machine, or given by URL. Unlike :class:`~toolgym.agents.h
   ``/collective_rpc`` (vLLM's development endpoints: the started server sets
   ``VLLM_SERVER_DEV_MODE=1`` and ``--worker-extension-cls``; a server given by URL must have both),
   ``/reset_prefix_cache`` and ``/resume``. The file must be readable by the server: the same machine,
-  or a shared directory (``weights_dir``). On GPUs a collective transfer would replace the file; the
+  or a shared directory (``policy.weights_dir``). On GPUs a collective transfer would replace the file; the
   ``load_weights(path, version)`` contract stays.
 * **Versions.** The server does not label completions, so the policy does: a completion reports the
   version served when its request was sent, and the older one if a reload finished meanwhile (a

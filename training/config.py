@@ -114,6 +114,10 @@ class PolicyConfig:
             evaluation with ``heldout.engine = "hf"``) run there too.
         engine_kwargs: ``vllm`` only: further ``vllm.AsyncEngineArgs`` fields (e.g.
             ``{ enforce_eager = true }``).
+        weights_dir: ``vllm`` and ``vllm-server``: where the learner writes the weights the engine
+            reloads after every step (a fresh folder inside it, removed at the end); empty = ``/dev/shm``
+            when the machine has it. A server on another machine (``url``) needs a directory both
+            machines see.
         cpu_reserved: ``vllm`` on CPU only: cores kept from the engine for the learner (-1 = vLLM's
             choice, which keeps one; 0 = every core serves, right when rollouts and learning take
             turns, ``train.max_off_policy_steps = 0``).
@@ -138,6 +142,7 @@ class PolicyConfig:
     gpu_memory_utilization: float = 0.5
     learner_device: str = "cpu"
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    weights_dir: str = ""
     cpu_reserved: int = -1
     chat_format: str = "auto"
     thinking_budget: int = 0
@@ -150,6 +155,11 @@ class PolicyConfig:
             )
         if self.url and self.kind != "vllm-server":
             raise ConfigError(f"policy.url is for policy.kind = 'vllm-server', not {self.kind!r}")
+        if self.weights_dir and self.kind not in ("vllm", "vllm-server"):
+            raise ConfigError(
+                f"policy.weights_dir is for policy.kind = 'vllm' or 'vllm-server' (the weights the engine "
+                f"reloads), not {self.kind!r}: that policy trains in place"
+            )
         if self.max_model_len < 16:
             raise ConfigError(f"policy.max_model_len must be >= 16, got {self.max_model_len}")
         if self.kv_cache_gib < 0:

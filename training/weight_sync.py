@@ -92,13 +92,21 @@ class VLLMWeightSync:
 
     Args:
         policy: the engine to update.
-        directory: where the transfer file lives; default a fresh folder in ``/dev/shm`` (RAM) when
-            it exists, else the system temp dir. Removed by :meth:`close`.
+        directory: where the transfer file lives; default a fresh folder in ``base``. Removed by
+            :meth:`close` when this object made it.
         dtype: the engine's serving dtype (``policy.dtype``); the file is written in it.
+        base: where that fresh folder is made (``policy.weights_dir``: a directory a vLLM server on
+            another machine also sees); default ``/dev/shm`` (RAM) when it exists, else the system
+            temp dir.
     """
 
     def __init__(
-        self, policy: ServedPolicy, directory: str | Path | None = None, *, dtype: str = "float32"
+        self,
+        policy: ServedPolicy,
+        directory: str | Path | None = None,
+        *,
+        dtype: str = "float32",
+        base: str | Path | None = None,
     ) -> None:
         from toolgym.agents.vllm_server import VLLMServerPolicy
 
@@ -110,7 +118,10 @@ class VLLMWeightSync:
         self.policy, self.dtype = policy, dtype
         if directory is None:
             shm = Path("/dev/shm")
-            base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+            if base is None and shm.is_dir() and os.access(shm, os.W_OK):
+                base = shm
+            if base is not None and not Path(base).is_dir():
+                raise ConfigError(f"policy.weights_dir {str(base)!r} is not a directory")
             self.directory = Path(tempfile.mkdtemp(prefix="toolgym-weights-", dir=base))
             self._owned = True
         else:

@@ -62,6 +62,8 @@ def test_vllm_kind_is_validated() -> None:
         load_config(None, ["policy.kind=vllm", "policy.learner_device=tpu"])
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         load_config(None, ["policy.kind=vllm", "policy.gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match="policy.weights_dir is for policy.kind = 'vllm' or 'vllm-server'"):
+        load_config(None, ["policy.weights_dir=/somewhere"])
 
 
 def test_shipped_gpu_config_rolls_out_through_vllm() -> None:
@@ -90,6 +92,7 @@ async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path, run
     import torch
 
     from toolgym.training.trainer import Trainer, build_policy
+    from toolgym.training.weight_sync import VLLMWeightSync
 
     config = load_config(None, [*TINY_VLLM, "train.steps=1"])
     before = running_children()
@@ -121,9 +124,19 @@ async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path, run
         assert policy.policy_version == 1 and policy.engine is not None
         del trainer
 
-        # step 2: a new trainer resumes from the checkpoint and keeps rolling out on the same engine
-        config2 = dataclasses.replace(config, train=dataclasses.replace(config.train, steps=2))
+        # step 2: a new trainer resumes from the checkpoint and keeps rolling out on the same engine,
+        # its weights passing through a folder in policy.weights_dir (a directory a server elsewhere sees)
+        shared = tmp_path / "shared"
+        with pytest.raises(ConfigError, match="policy.weights_dir .* is not a directory"):
+            VLLMWeightSync(policy, base=shared)
+        shared.mkdir()
+        config2 = dataclasses.replace(
+            config,
+            train=dataclasses.replace(config.train, steps=2),
+            policy=dataclasses.replace(config.policy, weights_dir=str(shared)),
+        )
         resumed = Trainer(config2, tmp_path, policy=policy)
+        assert resumed.weight_sync is not None and resumed.weight_sync.directory.parent == shared
         assert resumed.resume() and resumed.step == 1
         assert _worst(_learner_logprobs(resumed.model, sequence), learned) < 1e-6
         second = await resumed.run()
@@ -131,6 +144,7 @@ async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path, run
         synced = _worst(await policy.score(sequence), _learner_logprobs(resumed.model, sequence))
         assert synced < 1e-4, f"after step 2 the engine differs from the learner by {synced:.2e}"
         resumed.close()
+        assert not any(shared.iterdir()), "the run's transfer folder is removed at the end"
 
         metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
         assert [m["step"] for m in metrics] == [1.0, 2.0]
