@@ -8,18 +8,21 @@ message.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.training.lora import LoraSettings
 from toolgym.training.objective import LossConfig
 from toolgym.training.optim import ScheduleConfig
 
-__all__ = ["TASK_FILTERS", "TASK_POOLS", "GRPOConfig"]
+__all__ = ["LEARNER_NODES", "TASK_FILTERS", "TASK_POOLS", "GRPOConfig"]
 
 #: Train-split task selection (``train.task_filter``, while training; ``train.task_pool``, before).
 TASK_FILTERS = ("none", "pass_rate")
 TASK_POOLS = ("all", "reference")
+#: Where learner actors may run with the Ray backend (``train.learner_nodes``).
+LEARNER_NODES = ("trainer", "any")
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,14 @@ class GRPOConfig:
             ``fsdp2`` (parameters, gradients and optimizer state split across them with FSDP2's
             ``fully_shard``; :mod:`toolgym.training.fsdp`). Needs two or more learners; not with LoRA.
         learner_timeout: seconds a learner collective may wait before the run stops.
+        learner_nodes: with ``backend = "ray"``, where the learner actors (ranks 1..N-1) run:
+            ``trainer`` (the trainer's own Ray node; the ranks meet on 127.0.0.1) or ``any`` (wherever
+            in the Ray cluster their resources are free; the ranks meet at the trainer node's address).
+            See :mod:`toolgym.training.learner_actors`.
+        learner_resources: with ``learner_nodes = "any"``, the Ray resources each learner actor asks
+            for besides its GPU on CUDA (e.g. ``{learner_slot = 1}``, a custom resource that the nodes
+            meant for learners were started with; ``CPU`` and ``GPU`` count as ``num_cpus`` and
+            ``num_gpus``). A cluster without them in all is refused at start.
         max_infra_groups: consecutive groups whose every sample is ``infra_error`` (retries included)
             after which the run stops with a message (the infrastructure is down); it resumes from its
             last checkpoint.
@@ -127,6 +138,8 @@ class GRPOConfig:
     dist_backend: str = "gloo"
     shard: str = "none"
     learner_timeout: float = 1800.0
+    learner_nodes: str = "trainer"
+    learner_resources: Mapping[str, float] = field(default_factory=dict)
     max_infra_groups: int = 4
     loggers: tuple[str, ...] = ()
     loss_agg: str = "token_mean"
@@ -221,6 +234,32 @@ class GRPOConfig:
             )
         if self.learner_timeout <= 0:
             raise ConfigError(f"train.learner_timeout must be > 0 seconds, got {self.learner_timeout}")
+        self._check_learner_placement()
+
+    def _check_learner_placement(self) -> None:
+        if self.learner_nodes not in LEARNER_NODES:
+            raise ConfigError(
+                f"train.learner_nodes must be one of {', '.join(LEARNER_NODES)}, got {self.learner_nodes!r}."
+                f"{did_you_mean(self.learner_nodes, LEARNER_NODES)}"
+            )
+        for name, amount in self.learner_resources.items():
+            if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
+                raise ConfigError(
+                    f"train.learner_resources.{name} must be a number > 0 (how much of Ray resource "
+                    f"{name!r} each learner actor asks for), got {amount!r}"
+                )
+        if self.learner_resources and self.learner_nodes != "any":
+            raise ConfigError(
+                "train.learner_resources places the learner actors by Ray resources, anywhere in the "
+                "cluster: set train.learner_nodes = 'any' too (the default, 'trainer', keeps them on "
+                "the trainer's node)"
+            )
+        if self.learner_nodes != "trainer" and self.backend != "ray":
+            raise ConfigError(
+                f"train.learner_nodes = {self.learner_nodes!r} places learners on Ray nodes: it needs "
+                "train.backend = 'ray' (with the default backend the learners are child processes "
+                "of the trainer; across machines, start the ranks with torchrun instead)"
+            )
 
     def check_learner_count(self, world: int, named: str, several: str) -> None:
         """Refuse ``world`` learner processes (``named``/``several`` say where the number came from: the

@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -110,6 +112,8 @@ class LearnerGroup:
         log_dir: str | Path | None = None,
         placement: str = "process",
         shard: str = "none",
+        nodes: str = "trainer",
+        resources: Mapping[str, float] | None = None,
     ) -> None:
         env_world = torchrun_rank()
         self.external = env_world is not None  # torchrun started the ranks
@@ -117,7 +121,11 @@ class LearnerGroup:
         self.backend, self.device, self.timeout_s = backend, device, timeout_s
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.placement = placement  # "process" (child processes) or "ray" (Ray actors)
+        self.nodes, self.resources = nodes, dict(resources or {})  # where Ray actors may run
+        self.master_addr = "127.0.0.1"
         self.children: dict[int, Any] = {}  # subprocess.Popen, or learner_actors.RayLearner
+        self.placed: dict[int, dict[str, Any]] = {}  # where each Ray learner runs (placement.json)
+        self.trainer_node: dict[str, str] | None = None  # rank 0's Ray node, while the group holds Ray
         self.started = False
         self.synced = False
         self.shard = shard
@@ -153,15 +161,18 @@ class LearnerGroup:
         else:
             port = free_port()
             store = dist.TCPStore("127.0.0.1", port, self.world, is_master=True, wait_for_workers=False)
+            if self.placement == "ray":
+                self._hold_ray()
             for rank in range(1, self.world):
                 self.children[rank] = self._spawn(rank, port)
             self._wait_for_children(store)
+            self._record_placement()
             dist.init_process_group(self.backend, store=store, rank=0, world_size=self.world, timeout=timeout)
         self.started = True
 
     def _spawn(self, rank: int, port: int) -> Any:
         ours = {
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(port),
             "RANK": str(rank),
             "WORLD_SIZE": str(self.world),
@@ -175,7 +186,18 @@ class LearnerGroup:
 
             passed = {k: os.environ[k] for k in (FAULT_ENV, "OMP_NUM_THREADS") if k in os.environ}
             log_path = None if self.log_dir is None else self.log_dir / f"rank-{rank}.log"
-            return start_ray_learner({**passed, **ours}, log_path, cuda=self.device.startswith("cuda"))
+            try:
+                return start_ray_learner(
+                    {**passed, **ours},
+                    log_path,
+                    cuda=self.device.startswith("cuda"),
+                    nodes=self.nodes,
+                    resources=self.resources,
+                    count=self.world - 1,
+                )
+            except BaseException:
+                self._release()  # the actors already started
+                raise
         env = dict(os.environ, **ours)
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:
@@ -211,7 +233,35 @@ class LearnerGroup:
             time.sleep(0.05)
 
     def _log_tail(self, rank: int) -> str:
-        return log_tail(None if self.log_dir is None else self.log_dir / f"rank-{rank}.log", 8)
+        path = None if self.log_dir is None else self.log_dir / f"rank-{rank}.log"
+        if path is not None and not path.exists() and rank in self.placed:  # on another node
+            where = self.placed[rank]
+            return f"; its log is {where.get('log')} on {where.get('address')}"
+        return log_tail(path, 8)
+
+    def _hold_ray(self) -> None:
+        """Connect to Ray for the group's life and pick the address the ranks meet at: the store
+        listens on every interface; learners that may run on other nodes use this node's address."""
+        from toolgym.training.learner_actors import trainer_node
+        from toolgym.training.ray_backend import acquire_ray
+
+        self.trainer_node = trainer_node(acquire_ray(1.0))
+        if self.nodes != "trainer":
+            self.master_addr = self.trainer_node["address"]
+
+    def _record_placement(self) -> None:
+        """``RUN/learners/placement.json``: where each Ray learner actor runs (see learner_actors)."""
+        if self.placement != "ray":
+            return
+        for rank, child in self.children.items():
+            try:
+                self.placed[rank] = child.where()
+            except Exception as exc:  # noqa: BLE001 (a record for the user; the next collective tells)
+                self.placed[rank] = {"unknown": f"{type(exc).__name__}: {exc}"}
+        if self.log_dir is None:
+            return
+        record = {"master_addr": self.master_addr, "trainer": self.trainer_node, "ranks": self.placed}
+        (self.log_dir / "placement.json").write_text(json.dumps(record, indent=2))
 
     def close(self) -> None:
         """Tell the learners to stop, wait for them (killing any that do not), leave the group."""
@@ -235,8 +285,12 @@ class LearnerGroup:
     def _release(self) -> None:
         if self.placement == "ray":  # the actors outlive their work: kill them, release Ray
             from toolgym.training.learner_actors import stop_ray_learners
+            from toolgym.training.ray_backend import release_ray
 
             stop_ray_learners(self.children)
+            if self.trainer_node is not None:
+                self.trainer_node = None
+                release_ray()
         self.children = {}
 
     # ------------------------------------------------------------------ one step

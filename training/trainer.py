@@ -121,6 +121,8 @@ class Trainer:
             log_dir=self.run_dir / "learners",
             placement="ray" if config.train.backend == "ray" else "process",
             shard=config.train.shard,
+            nodes=config.train.learner_nodes,
+            resources=config.train.learner_resources,
         )
         self.learners.check_config(config)
         if policy is not None:
@@ -138,7 +140,9 @@ class Trainer:
                 from toolgym.training.weight_sync import VLLMWeightSync, file_dtype
 
                 dtype = file_dtype(config.policy.dtype, config.policy.learner_device)
-                self.weight_sync = VLLMWeightSync(self.policy, dtype=dtype)
+                self.weight_sync = VLLMWeightSync(
+                    self.policy, dtype=dtype, base=config.policy.weights_dir or None
+                )
                 self.model = learner_model(self.policy.model_dir, config.policy.learner_device)
             else:
                 raise ConfigError(

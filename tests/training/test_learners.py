@@ -188,6 +188,30 @@ def test_torchruns_world_size_is_checked_against_the_config_too(monkeypatch) -> 
         LearnerGroup(1).check_config(load_config(None, [*OVERRIDES, "train.kl_coef=0.1"]))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.learner_nodes=anywhere"], "Did you mean 'any'"),
+        (["train.learner_nodes=any"], "needs train.backend = 'ray'"),
+        (
+            ["train.backend=ray", "train.learner_resources={learner_slot=1}"],
+            "set train.learner_nodes = 'any' too",
+        ),
+        (
+            ["train.backend=ray", "train.learner_nodes=any", "train.learner_resources={learner_slot=0}"],
+            r"train.learner_resources.learner_slot must be a number > 0",
+        ),
+        (
+            ["train.backend=ray", "train.learner_nodes=any", "train.learner_resources={learner_slot='x'}"],
+            "must be a number > 0",
+        ),
+    ],
+)
+def test_learner_placement_settings_are_checked_at_start(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [*OVERRIDES, *overrides])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_nccl_without_cuda_is_refused() -> None:
     with pytest.raises(ConfigError, match="'nccl' needs CUDA"):
@@ -297,6 +321,45 @@ def test_learners_as_ray_actors_train_the_same_weights_and_a_dead_actor_stops_th
     assert "during learner step 2" in out.stderr and "rerun the same command to resume" in out.stderr
     ok(train(killed, *on_ray))  # the same command resumes
     assert max_gap(params(two), params(killed)) == 0.0
+
+
+@pytest.mark.slow
+def test_a_learner_actor_on_another_ray_node_trains_the_same_weights(tmp_path: Path) -> None:
+    """A two-node Ray cluster on this machine (Ray's own test cluster: two raylets): the learner actor
+    is placed by a custom resource that only the second node has, and meets rank 0 at its address."""
+    from ray.cluster_utils import Cluster
+
+    one, two, short = tmp_path / "one", tmp_path / "two", tmp_path / "short"
+    store = {"object_store_memory": 80 * 2**20}
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False, **store}
+    )
+    try:
+        cluster.add_node(num_cpus=0, resources={"learner_slot": 1}, **store)
+        cluster.wait_for_nodes()
+        on_nodes = [
+            *[
+                "train.ray_env_actors=1",
+                "train.learner_nodes=any",
+                "train.learner_resources={learner_slot=1}",
+            ],
+            *["--learners", "2", "--backend", "ray"],
+        ]
+        at = {"RAY_ADDRESS": cluster.address}
+        ok(train(one))
+        ok(train(two, *on_nodes, env=at))
+        assert max_gap(params(one), params(two)) < 1e-6
+        assert samples(one) == samples(two)
+        placed = json.loads((two / "learners" / "placement.json").read_text())
+        assert placed["ranks"]["1"]["node_id"] != placed["trainer"]["node_id"]  # the other node
+        assert placed["master_addr"] == placed["trainer"]["address"] != "127.0.0.1"
+        assert placed["ranks"]["1"]["log"] == str(two / "learners" / "rank-1.log")  # a shared disk here
+        # a resource no node has is refused by name before any actor waits for it
+        out = train(short, *on_nodes[:2], "train.learner_resources={gpu_box=2}", *on_nodes[3:], env=at)
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert "1 learner actor(s) need gpu_box=2 in all, and the Ray cluster has gpu_box=0" in out.stderr
+    finally:
+        cluster.shutdown()
 
 
 @pytest.mark.slow
