@@ -9,6 +9,7 @@ they need: ``docker`` (the engine and the sandbox image), ``pyserini`` (Lucene),
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -71,6 +72,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/train_rollouts.py",
         "bench/weight_sync.py",
         "bench/gpu_smoke.sh",
+        "bench/gpu_pack.sh",
         "src/toolgym/cli/__main__.py",
         "src/toolgym/__main__.py",  # tests/training/test_learners.py: python -m toolgym train (and torchrun)
         "training/learners.py",  # the learner processes those tests start
@@ -94,10 +96,49 @@ def test_cli_module_lists_the_environments():
     assert "toolgym/SearchQA-v0" in out and "toolgym/CodeExec-v0" in out
 
 
-def test_gpu_smoke_script_parses():
-    # The script itself needs a CUDA device and minutes (it trains); here only its syntax is checked.
-    out = subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu_smoke.sh")], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+@pytest.mark.model
+@pytest.mark.slow
+def test_gpu_smoke_runs_its_transformers_path_on_cpu_from_a_packed_model_shape(tmp_path: Path):
+    """The GPU recipe's dry run: gpu_pack.sh writes the embedded model's shape (no weights; the wheels
+    need a package index, so not here), gpu_smoke.sh builds a random model of it and runs the demo's
+    transformers path (warm start, GRPO, held-out) on CPU, shrunk, and prints its figures."""
+    env = dict(
+        os.environ,
+        TOOLGYM_SMOKE_PACK=str(tmp_path / "pack"),
+        TOOLGYM_PACK_WHEELS="0",
+        TOOLGYM_SMOKE_DEVICE="cpu",
+        TOOLGYM_SMOKE_ENGINE="hf",
+        PYTHON=sys.executable,
+        TMPDIR=str(tmp_path),
+    )
+    pack = subprocess.run(["bash", "bench/gpu_pack.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert pack.returncode == 0, pack.stderr[-3000:]
+    shape = tmp_path / "pack" / "model-shape"
+    assert (shape / "config.json").is_file() and (shape / "tokenizer.json").is_file()
+    assert not list(shape.glob("*.safetensors")), "the shape travels without the weights"
+    out_dir = tmp_path / "run"
+    shrink = ["warm_start.tasks=2", "warm_start.epochs=1", "train.steps=1", "heldout.n=1"]
+    smoke = subprocess.run(
+        ["bash", "bench/gpu_smoke.sh", str(out_dir), *shrink],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-3000:]
+    trained = re.search(r"learner: (\d+) trained tokens", smoke.stdout)
+    assert trained and int(trained.group(1)) > 0, smoke.stdout[-2000:]  # its groups train without reward
+    assert "weight sync per step (s):" in smoke.stdout and "gpu_smoke: done in" in smoke.stdout
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config["policy"]["model"] == str(tmp_path / "toolgym-smoke-model")
+    assert config["policy"]["kind"] == "hf" and config["policy"]["learner_device"] == "cpu"
+
+
+def test_the_gpu_scripts_parse():
+    for script in ("gpu_smoke.sh", "gpu_pack.sh"):
+        out = subprocess.run(["bash", "-n", str(ROOT / "bench" / script)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
 
 
 @pytest.mark.slow
