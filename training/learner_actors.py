@@ -1,7 +1,7 @@
 """Learner processes as Ray actors: ``train.learners = N`` with ``train.backend = "ray"``.
 
 The data-parallel learner (:mod:`toolgym.training.learners`) needs ranks 1..N-1 to run
-:func:`~toolgym.training.learners.worker_main`; with the Ray backend each runs inside a Ray actor
+:func:`~toolgym.training.learner_worker.worker_main`; with the Ray backend each runs inside a Ray actor
 instead of a child process, so Ray places (and, on a GPU node, allocates) them next to the
 environment actors. Nothing else changes: the ranks meet at rank 0's ``TCPStore`` and exchange every
 step over the same ``torch.distributed`` process group (gloo, or NCCL on CUDA).
@@ -29,6 +29,7 @@ file system), else to a file in its node's temporary directory (:func:`learner_l
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -44,12 +45,10 @@ __all__ = [
     "INTERFACE_ENV",
     "LearnerActor",
     "RayLearner",
+    "RayLearners",
     "actor_options",
     "check_cluster_resources",
     "learner_log_path",
-    "start_ray_learner",
-    "stop_ray_learners",
-    "trainer_node",
 ]
 
 #: Network-interface settings of gloo and NCCL, passed to the learner actors when the trainer has them.
@@ -85,7 +84,7 @@ class LearnerActor:
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.close(fd)
-        from toolgym.training.learners import worker_main
+        from toolgym.training.learner_worker import worker_main
 
         return worker_main()
 
@@ -185,49 +184,70 @@ def check_cluster_resources(
         )
 
 
-def start_ray_learner(
-    environ: Mapping[str, str],
-    log_path: Path | None,
-    *,
-    cuda: bool,
-    nodes: str = "trainer",
-    resources: Mapping[str, float] | None = None,
-    count: int = 1,
-) -> RayLearner:
-    """Start a learner (its rank is in ``environ``) in a Ray actor, starting or joining Ray; see the
-    module. ``count``: how many learner actors the run starts (the cluster must hold them all)."""
-    ray = acquire_ray(1.0)
-    try:
-        node_id = ray.get_runtime_context().get_node_id()
-        options = actor_options(cuda=cuda, nodes=nodes, resources=resources or {}, node_id=node_id)
-        if nodes == "trainer":
-            own = [n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node_id]
-            check_cluster_resources(own[0] if own else {}, options, count, where="the trainer's Ray node")
-        else:
-            check_cluster_resources(ray.cluster_resources(), options, count)
-    except BaseException:
-        release_ray()
-        raise
-    passed = {k: os.environ[k] for k in INTERFACE_ENV if k in os.environ}
-    actor = ray.remote(LearnerActor).options(**options).remote(user_sys_path())
-    log = None if log_path is None else str(log_path)
-    where = actor.where.remote(log)  # answered before run: the actor takes one call at a time
-    ref = actor.run.remote({**passed, **environ}, log)
-    return RayLearner(ray, actor, ref, where)
+class RayLearners:
+    """The learner group's Ray side: one Ray connection held from :meth:`open` to :meth:`close`, the
+    actors' options (checked once against the cluster), where the ranks meet, and where each ran."""
 
+    def __init__(self, *, cuda: bool, nodes: str, resources: Mapping[str, float]) -> None:
+        self.cuda, self.nodes, self.resources = cuda, nodes, dict(resources)
+        self.ray: Any = None
+        self.options: dict[str, Any] = {}
+        self.trainer: dict[str, str] = {}  # rank 0's Ray node and its address
+        self.placed: dict[int, dict[str, Any]] = {}  # where each rank ran (placement.json)
 
-def trainer_node(ray: Any) -> dict[str, str]:
-    """This process's Ray node and its address (Ray connected)."""
-    return {
-        "node_id": str(ray.get_runtime_context().get_node_id()),
-        "address": str(ray.util.get_node_ip_address()),
-    }
+    def open(self, count: int) -> str:
+        """Connect (starting or joining Ray), refuse ``count`` actors the cluster could never hold, and
+        return the address the ranks meet rank 0's store at (it listens on every interface)."""
+        ray = acquire_ray(1.0)
+        try:
+            node_id = str(ray.get_runtime_context().get_node_id())
+            self.trainer = {"node_id": node_id, "address": str(ray.util.get_node_ip_address())}
+            self.options = actor_options(
+                cuda=self.cuda, nodes=self.nodes, resources=self.resources, node_id=node_id
+            )
+            if self.nodes == "trainer":
+                own = [n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node_id]
+                check_cluster_resources(
+                    own[0] if own else {}, self.options, count, where="the trainer's Ray node"
+                )
+            else:
+                check_cluster_resources(ray.cluster_resources(), self.options, count)
+        except BaseException:
+            release_ray()
+            raise
+        self.ray = ray
+        return "127.0.0.1" if self.nodes == "trainer" else self.trainer["address"]
 
+    def start(self, environ: Mapping[str, str], log_path: Path | None) -> RayLearner:
+        """Start one learner (its rank is in ``environ``) in a Ray actor."""
+        passed = {k: os.environ[k] for k in INTERFACE_ENV if k in os.environ}
+        actor = self.ray.remote(LearnerActor).options(**self.options).remote(user_sys_path())
+        log = None if log_path is None else str(log_path)
+        where = actor.where.remote(log)  # answered before run: the actor takes one call at a time
+        ref = actor.run.remote({**passed, **environ}, log)
+        return RayLearner(self.ray, actor, ref, where)
 
-def stop_ray_learners(learners: Mapping[int, Any]) -> None:
-    """Kill the learner actors (their work is done or the run stopped) and release Ray (once for each:
-    each start acquired it)."""
-    for learner in learners.values():
-        if isinstance(learner, RayLearner):
-            learner.kill()
+    def record(self, learners: Mapping[int, RayLearner], master_addr: str, log_dir: Path | None) -> None:
+        """Ask each started actor where it runs; write ``LOG_DIR/placement.json``."""
+        for rank, learner in learners.items():
+            try:
+                self.placed[rank] = learner.where()
+            except Exception as exc:  # noqa: BLE001 (a record for the user; the next collective tells)
+                self.placed[rank] = {"unknown": f"{type(exc).__name__}: {exc}"}
+        if log_dir is not None:
+            record = {"master_addr": master_addr, "trainer": self.trainer, "ranks": self.placed}
+            (log_dir / "placement.json").write_text(json.dumps(record, indent=2))
+
+    def log_elsewhere(self, rank: int) -> str:
+        """Where rank's log is when it is not in the run's directory here (``""`` when unknown)."""
+        where = self.placed.get(rank)
+        return f"; its log is {where.get('log')} on {where.get('address')}" if where else ""
+
+    def close(self, learners: Mapping[int, Any]) -> None:
+        """Kill the actors (their work is done or the run stopped) and release Ray. Idempotent."""
+        for learner in learners.values():
+            if isinstance(learner, RayLearner):
+                learner.kill()
+        if self.ray is not None:
+            self.ray = None
             release_ray()

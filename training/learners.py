@@ -19,7 +19,7 @@ that hold a copy of the trained model and its optimizer and do nothing but compu
    weight sync, or the in-process policy's version bump), and alone writes checkpoints.
 
 Starting. ``toolgym train --learners N`` (``train.learners = N``) starts ranks 1..N-1 as child
-processes (``python -m toolgym.training.learners``), which meet rank 0 through a ``TCPStore`` on
+processes (``python -m toolgym.training.learner_worker``), which meet rank 0 through a ``TCPStore`` on
 localhost; a child that exits before it joins stops the run with its log's last lines
 (``RUN/learners/rank-K.log``); with ``train.backend = "ray"`` they run in Ray actors instead, on
 the trainer's Ray node (:mod:`toolgym.training.learner_actors`). Under ``torchrun --nproc-per-node N
@@ -44,9 +44,7 @@ more learners than groups per step (``train.tasks_per_step``).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import json
 import logging
 import os
 import signal
@@ -55,7 +53,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
@@ -75,8 +73,9 @@ from toolgym.training.learner_step import (
     torch_dist,
     torchrun_rank,
 )
+from toolgym.training.learner_worker import FAULT_ENV, exit_worker, worker_main
 
-__all__ = [  # the step's pieces (learner_step) are re-exported: one place to import the learner from
+__all__ = [  # the step's pieces (learner_step, learner_worker) are re-exported: one place to import the learner from
     "FAULT_ENV",
     "LearnerGroup",
     "LearnersDiverged",
@@ -92,10 +91,6 @@ __all__ = [  # the step's pieces (learner_step) are re-exported: one place to im
 ]
 
 log = logging.getLogger(__name__)
-
-#: Fault injection for tests: ``"RANK:STEP"`` makes learner ``RANK`` SIGKILL itself when the plan of
-#: its ``STEP``-th learner step arrives (counted from 1 within the process).
-FAULT_ENV = "TOOLGYM_LEARNER_FAULT"
 
 
 class LearnerGroup:
@@ -122,10 +117,8 @@ class LearnerGroup:
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.placement = placement  # "process" (child processes) or "ray" (Ray actors)
         self.nodes, self.resources = nodes, dict(resources or {})  # where Ray actors may run
-        self.master_addr = "127.0.0.1"
+        self.ray: Any = None  # learner_actors.RayLearners, while Ray actors are the learners
         self.children: dict[int, Any] = {}  # subprocess.Popen, or learner_actors.RayLearner
-        self.placed: dict[int, dict[str, Any]] = {}  # where each Ray learner runs (placement.json)
-        self.trainer_node: dict[str, str] | None = None  # rank 0's Ray node, while the group holds Ray
         self.started = False
         self.synced = False
         self.shard = shard
@@ -138,6 +131,24 @@ class LearnerGroup:
                 f"train.shard = 'fsdp2' with {self.world} learner ({where}): sharding splits the model "
                 "over several learners; set train.learners >= 2 (or start several torchrun ranks)"
             )
+
+    @classmethod
+    def for_run(cls, config: Any, run_dir: Path) -> LearnerGroup:
+        """The group a training config asks for (logs in ``RUN/learners``), checked against it."""
+        tc = config.train
+        group = cls(
+            tc.learners,
+            backend=tc.dist_backend,
+            device=config.policy.learner_device,
+            timeout_s=tc.learner_timeout,
+            log_dir=run_dir / "learners",
+            placement="ray" if tc.backend == "ray" else "process",
+            shard=tc.shard,
+            nodes=tc.learner_nodes,
+            resources=tc.learner_resources,
+        )
+        group.check_config(config)
+        return group
 
     def check_config(self, config: Any) -> None:
         """The config's limits on several learners, for a world size the config did not set (torchrun)."""
@@ -161,18 +172,29 @@ class LearnerGroup:
         else:
             port = free_port()
             store = dist.TCPStore("127.0.0.1", port, self.world, is_master=True, wait_for_workers=False)
+            master_addr = "127.0.0.1"
             if self.placement == "ray":
-                self._hold_ray()
-            for rank in range(1, self.world):
-                self.children[rank] = self._spawn(rank, port)
+                from toolgym.training.learner_actors import RayLearners
+
+                self.ray = RayLearners(
+                    cuda=self.device.startswith("cuda"), nodes=self.nodes, resources=self.resources
+                )
+                master_addr = self.ray.open(self.world - 1)
+            try:
+                for rank in range(1, self.world):
+                    self.children[rank] = self._spawn(rank, port, master_addr)
+            except BaseException:
+                self._release()  # the learners already started
+                raise
             self._wait_for_children(store)
-            self._record_placement()
+            if self.ray is not None:
+                self.ray.record(self.children, master_addr, self.log_dir)
             dist.init_process_group(self.backend, store=store, rank=0, world_size=self.world, timeout=timeout)
         self.started = True
 
-    def _spawn(self, rank: int, port: int) -> Any:
+    def _spawn(self, rank: int, port: int, master_addr: str) -> Any:
         ours = {
-            "MASTER_ADDR": self.master_addr,
+            "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(port),
             "RANK": str(rank),
             "WORLD_SIZE": str(self.world),
@@ -181,30 +203,17 @@ class LearnerGroup:
         }
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-        if self.placement == "ray":  # an actor keeps Ray's environment (its GPU) and takes only these
-            from toolgym.training.learner_actors import start_ray_learner
-
+        if self.ray is not None:  # an actor keeps Ray's environment (its GPU) and takes only these
             passed = {k: os.environ[k] for k in (FAULT_ENV, "OMP_NUM_THREADS") if k in os.environ}
             log_path = None if self.log_dir is None else self.log_dir / f"rank-{rank}.log"
-            try:
-                return start_ray_learner(
-                    {**passed, **ours},
-                    log_path,
-                    cuda=self.device.startswith("cuda"),
-                    nodes=self.nodes,
-                    resources=self.resources,
-                    count=self.world - 1,
-                )
-            except BaseException:
-                self._release()  # the actors already started
-                raise
+            return self.ray.start({**passed, **ours}, log_path)
         env = dict(os.environ, **ours)
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:
             out = open(self.log_dir / f"rank-{rank}.log", "wb")  # noqa: SIM115 (the child writes to it)
         try:
             return subprocess.Popen(
-                [sys.executable, "-m", "toolgym.training.learners"], env=env, stdout=out, stderr=out
+                [sys.executable, "-m", "toolgym.training.learner_worker"], env=env, stdout=out, stderr=out
             )
         finally:
             if out is not subprocess.DEVNULL:
@@ -234,34 +243,9 @@ class LearnerGroup:
 
     def _log_tail(self, rank: int) -> str:
         path = None if self.log_dir is None else self.log_dir / f"rank-{rank}.log"
-        if path is not None and not path.exists() and rank in self.placed:  # on another node
-            where = self.placed[rank]
-            return f"; its log is {where.get('log')} on {where.get('address')}"
+        if self.ray is not None and path is not None and not path.exists():  # on another node
+            return self.ray.log_elsewhere(rank)
         return log_tail(path, 8)
-
-    def _hold_ray(self) -> None:
-        """Connect to Ray for the group's life and pick the address the ranks meet at: the store
-        listens on every interface; learners that may run on other nodes use this node's address."""
-        from toolgym.training.learner_actors import trainer_node
-        from toolgym.training.ray_backend import acquire_ray
-
-        self.trainer_node = trainer_node(acquire_ray(1.0))
-        if self.nodes != "trainer":
-            self.master_addr = self.trainer_node["address"]
-
-    def _record_placement(self) -> None:
-        """``RUN/learners/placement.json``: where each Ray learner actor runs (see learner_actors)."""
-        if self.placement != "ray":
-            return
-        for rank, child in self.children.items():
-            try:
-                self.placed[rank] = child.where()
-            except Exception as exc:  # noqa: BLE001 (a record for the user; the next collective tells)
-                self.placed[rank] = {"unknown": f"{type(exc).__name__}: {exc}"}
-        if self.log_dir is None:
-            return
-        record = {"master_addr": self.master_addr, "trainer": self.trainer_node, "ranks": self.placed}
-        (self.log_dir / "placement.json").write_text(json.dumps(record, indent=2))
 
     def close(self) -> None:
         """Tell the learners to stop, wait for them (killing any that do not), leave the group."""
@@ -283,14 +267,9 @@ class LearnerGroup:
         self._release()
 
     def _release(self) -> None:
-        if self.placement == "ray":  # the actors outlive their work: kill them, release Ray
-            from toolgym.training.learner_actors import stop_ray_learners
-            from toolgym.training.ray_backend import release_ray
-
-            stop_ray_learners(self.children)
-            if self.trainer_node is not None:
-                self.trainer_node = None
-                release_ray()
+        if self.ray is not None:  # the actors outlive their work: kill them, release Ray
+            self.ray.close(self.children)
+            self.ray = None
         self.children = {}
 
     # ------------------------------------------------------------------ one step
@@ -436,100 +415,3 @@ def _how(child: Any) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit code {code}"
-
-
-# ---------------------------------------------------------------------- ranks 1..N-1
-def worker_main(backend: str | None = None, timeout_s: float | None = None) -> int:
-    """A learner process: join the group, then take rank 0's model and each step's plan until told to stop.
-
-    Started by :class:`LearnerGroup` (the backend and timeout come in the environment, and the process
-    checks in at rank 0's store first) or by torchrun (``toolgym train`` passes them from the config).
-    """
-    dist = torch_dist()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    spawned = "TOOLGYM_DIST_BACKEND" in os.environ
-    backend = os.environ.get("TOOLGYM_DIST_BACKEND", backend or "gloo")
-    seconds = float(os.environ.get("TOOLGYM_DIST_TIMEOUT", timeout_s or 1800.0))
-    timeout = datetime.timedelta(seconds=seconds)
-    if spawned:
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False
-        )
-        store.set(f"learner/{rank}", "ready")
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    else:
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
-    fault = os.environ.get(FAULT_ENV, "")
-    fault_rank, _, fault_step = fault.partition(":")
-    model: torch.nn.Module | None = None
-    optimizer: Any = None
-    sharded: Any = None  # a ShardedLearner when train.shard = "fsdp2"
-    max_grad_norm = 1.0
-    steps = 0
-    try:
-        while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0)
-            message = box[0]
-            if message[0] == "stop":
-                return 0
-            if message[0] == "finish":
-                if sharded is not None:
-                    sharded.weights_differ(None)  # rank 0 compares
-                elif model is not None:
-                    agree(model, world)
-                continue
-            if message[0] == "state":  # rank 0 gathers the sharded optimizer state for a checkpoint
-                sharded.full_state()
-                continue
-            if message[0] == "init":  # rank 0's model, whole; its optimizer state on a resume; the config
-                from toolgym.training.optim import LearnerOptimizer
-
-                model, state, config, shard = message[1:]
-                torch.set_num_threads(config.policy.threads or torch.get_num_threads())
-                sharded = None
-                if shard == "fsdp2":
-                    from toolgym.training.fsdp import ShardedLearner
-
-                    sharded = ShardedLearner(model, config, world, rank, state)
-                    continue
-                optimizer = LearnerOptimizer.from_config(model.parameters(), config.train)
-                if state is not None:
-                    optimizer.load_state_dict(state)
-                max_grad_norm = config.train.max_grad_norm
-                continue
-            _, plan, settings = message
-            steps += 1
-            if fault and int(fault_rank) == rank and int(fault_step) == steps:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if sharded is not None:  # rank 0 does the same three things
-                sharded.accumulate(plan, settings)
-                sharded.step()
-                sharded.gather_into(None)
-                continue
-            if model is None or optimizer is None:
-                raise RuntimeError("a learner step arrived before the model")
-            optimizer.zero_grad()
-            ReplicatedStep(model, world, rank).run(plan, settings)
-            optimizer.step(max_grad_norm)
-            optimizer.zero_grad()
-    finally:
-        with contextlib.suppress(Exception):  # the group may be gone with rank 0
-            dist.destroy_process_group()
-
-
-def exit_worker(code: int) -> NoReturn:
-    """End a learner process now, with ``code``, skipping the interpreter's teardown.
-
-    The process group is gone by then, but the teardown still runs C++ destructors of the distributed
-    and threading libraries a learner loaded; one of them can abort the process (SIGABRT, "terminate
-    called without an active exception") after its work is done, which torchrun reports as a failed
-    run. A learner holds nothing that needs the teardown: no open run files, no trackers.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    exit_worker(worker_main())

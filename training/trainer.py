@@ -113,18 +113,8 @@ class Trainer:
             check_id(env.id)
         from toolgym.training.learners import LearnerGroup
 
-        self.learners = LearnerGroup(  # checked before a model loads; processes start at the first step
-            config.train.learners,
-            backend=config.train.dist_backend,
-            device=config.policy.learner_device,
-            timeout_s=config.train.learner_timeout,
-            log_dir=self.run_dir / "learners",
-            placement="ray" if config.train.backend == "ray" else "process",
-            shard=config.train.shard,
-            nodes=config.train.learner_nodes,
-            resources=config.train.learner_resources,
-        )
-        self.learners.check_config(config)
+        # checked before a model loads; the processes start at the first step
+        self.learners = LearnerGroup.for_run(config, self.run_dir)
         if policy is not None:
             require_trainable(policy)
         self._owns_policy = policy is None
