@@ -35,6 +35,7 @@ from toolgym.agents.rollout import write_trajectories
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
 from toolgym.records.manifest import MANIFEST, manifest_differences, read_run_manifest
+from toolgym.run_files import write_atomic
 
 __all__ = [
     "COMPARE_FIELDS",
@@ -191,9 +192,7 @@ def write_record(
 ) -> None:
     """Write ``eval.json`` atomically (temporary file + rename)."""
     record = {"format": FORMAT, "status": status, "settings": settings.to_dict(), **(extra or {})}
-    tmp = out / f".{RECORD}.tmp"
-    tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
-    tmp.replace(out / RECORD)
+    write_atomic(out / RECORD, json.dumps(record, indent=2))  # never through a planted link
 
 
 def clear_run_dir(out: Path) -> None:

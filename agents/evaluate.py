@@ -35,6 +35,7 @@ from toolgym.core import Policy, SamplingParams, TaskToolEnv, Trajectory
 from toolgym.errors import ConfigError, did_you_mean
 from toolgym.records.manifest import env_fingerprint, run_manifest, write_run_manifest
 from toolgym.registry import make
+from toolgym.run_files import write_atomic
 
 __all__ = [
     "EvalReport",
@@ -271,8 +272,8 @@ async def evaluate(
     report.settings.update(settings.to_dict())
     report.manifest.update(manifest)
     if out is not None:
-        (out / "summary.json").write_text(report.to_json(), encoding="utf-8")
-        (out / "elapsed_s.txt").write_text(f"{time.perf_counter() - started:.1f}\n", encoding="utf-8")
+        write_atomic(out / "summary.json", report.to_json())  # never through a planted link
+        write_atomic(out / "elapsed_s.txt", f"{time.perf_counter() - started:.1f}\n")
         write_record(
             out,
             settings,

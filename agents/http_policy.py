@@ -31,6 +31,14 @@ Decisions recorded here (each is part of the contract):
   :class:`~toolgym.errors.PolicyError` (an infrastructure error: the episode is ``infra_error``,
   never scored). So does an answer that is not a chat completion. Other 4xx answers are configuration mistakes (wrong model name, bad parameter) and
   raise :class:`~toolgym.errors.ConfigError` with the server's message, without retrying.
+* **Replies are not trusted.** ``timeout_s`` is the deadline of a whole try (connecting, sending and
+  reading every byte of the reply), not of each read: a server that drips its reply a byte at a time
+  times out like one that says nothing. A reply is read in chunks and refused (``PolicyError``, not
+  retried) as soon as it outgrows ``max_reply_bytes``, so an endless reply costs at most that much
+  memory (:func:`read_reply`, which :class:`~toolgym.agents.vllm_server.VLLMServerPolicy` shares). A
+  reply whose ``usage.completion_tokens`` exceeds the request's ``max_tokens`` is refused too: the
+  server did not honour the request. The completion's ids and logprobs are made here (bytes, 0.0),
+  so there are none of the server's to check.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from toolgym.agents.chat_formats import ChatFormat, HermesFormat
@@ -47,12 +56,23 @@ from toolgym.core import Completion, Message, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
 from toolgym.parsing import CLOSE, OPEN, format_tool_response
 
-__all__ = ["HTTPPolicy", "JsonLinesCodec", "openai_messages", "turn_text"]
+__all__ = [
+    "MAX_REPLY_BYTES",
+    "HTTPPolicy",
+    "JsonLinesCodec",
+    "Reply",
+    "openai_messages",
+    "read_reply",
+    "turn_text",
+]
 
 logger = logging.getLogger(__name__)
 
 _TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+#: The largest reply read by default: far above any completion's (a chat turn, a vLLM completion with
+#: a logprob per token, or prompt logprobs over a long context), far below what would hurt the host.
+MAX_REPLY_BYTES = 32 * 2**20
 
 
 def _require_httpx() -> Any:
@@ -100,6 +120,59 @@ class JsonLinesCodec:
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A whole HTTP reply, read within its deadline and size cap (:func:`read_reply`)."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body as JSON (``ValueError`` when it is not)."""
+        return json.loads(self.content)
+
+
+async def read_reply(
+    client: Any, method: str, url: str, *, timeout_s: float, max_bytes: int = MAX_REPLY_BYTES, **request: Any
+) -> Reply:
+    """Send one request with ``client`` (an ``httpx.AsyncClient``) and read all of its reply, or fail.
+
+    httpx's timeouts bound each connect, write and read, so a server that sends a byte every few
+    seconds would hold a request for ever; ``timeout_s`` here bounds the whole exchange. The body is
+    read in chunks and refused as soon as it grows past ``max_bytes`` (or at once, when its
+    ``Content-Length`` says it will), so a huge reply costs at most the cap in memory. Bodies are asked
+    for unencoded (``Accept-Encoding: identity``), so the cap counts what is kept: a compressed body
+    (a few kilobytes that inflate to gigabytes) is refused.
+
+    Raises:
+        TimeoutError: no whole reply within ``timeout_s`` (the caller names the server).
+        httpx.TransportError: the connection failed.
+        PolicyError: the reply is too large or encoded.
+    """
+    headers = {"Accept-Encoding": "identity", **request.pop("headers", {})}
+    async with asyncio.timeout(timeout_s), client.stream(method, url, headers=headers, **request) as response:
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise PolicyError(f"{url} answered with a {encoding!r}-encoded body; toolgym asked for none")
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise PolicyError(
+                f"{url} answered {int(declared):,} bytes; a reply may hold at most {max_bytes:,}"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_raw():
+            size += len(chunk)
+            if size > max_bytes:
+                raise PolicyError(f"{url} answered more than {max_bytes:,} bytes; stopped reading there")
+            chunks.append(chunk)
+        return Reply(response.status_code, b"".join(chunks))
 
 
 def openai_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
@@ -165,9 +238,10 @@ class HTTPPolicy:
         model: the served model name.
         api_key: sent as a bearer token when set.
         send_tools: also send the system message's tool schemas as the request's ``tools``.
-        timeout_s: per-request timeout (connect, read and write).
+        timeout_s: the deadline of one try, the whole reply read (see the module docstring).
         retries: retries after the first try, for connection errors, timeouts, 429 and 5xx.
         backoff_s: first backoff; doubles on each retry.
+        max_reply_bytes: the largest reply read; a larger one is a ``PolicyError``.
     """
 
     name = "http"
@@ -183,6 +257,7 @@ class HTTPPolicy:
         timeout_s: float = 120.0,
         retries: int = 3,
         backoff_s: float = 0.5,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
         self._httpx = _require_httpx()
         if not base_url.startswith(("http://", "https://")):
@@ -198,6 +273,7 @@ class HTTPPolicy:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.max_reply_bytes = max_reply_bytes
         self.tokenizer = JsonLinesCodec()
         self.eos_token_id = JsonLinesCodec.eos_token_id
         self.policy_version = 0
@@ -237,8 +313,15 @@ class HTTPPolicy:
         try:
             choice = data["choices"][0]
             text = turn_text(choice["message"])
-        except (KeyError, IndexError, TypeError) as exc:
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise PolicyError(f"{self.url} answered without a chat completion: {str(data)[:200]}") from exc
+        if not isinstance(text, str):
+            raise PolicyError(f"{self.url} answered a chat turn that is not text: {str(choice)[:200]}")
+        used = (data.get("usage") or {}).get("completion_tokens") if isinstance(data, dict) else None
+        if isinstance(used, int) and used > sampling.max_tokens:
+            raise PolicyError(
+                f"{self.url} answered {used} completion tokens for a request of max_tokens={sampling.max_tokens}"
+            )
         finish: Literal["stop", "length"] = "length" if choice.get("finish_reason") == "length" else "stop"
         ids = JsonLinesCodec.encode_messages([{"role": "assistant", "content": text}])
         return Completion(
@@ -257,9 +340,18 @@ class HTTPPolicy:
                 if attempt:
                     await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
                 try:
-                    response = await client.post(self.url, json=body)
-                except httpx.TransportError as exc:  # connection refused/reset, timeouts
-                    last = f"{type(exc).__name__}: {exc}"
+                    response = await read_reply(
+                        client,
+                        "POST",
+                        self.url,
+                        json=body,
+                        timeout_s=self.timeout_s,
+                        max_bytes=self.max_reply_bytes,
+                    )
+                except (httpx.TransportError, TimeoutError) as exc:  # connection refused/reset, timeouts
+                    last = (
+                        f"{type(exc).__name__}: {str(exc) or f'no whole reply within {self.timeout_s:g} s'}"
+                    )
                     logger.warning(
                         "POST %s failed (%s); attempt %d/%d", self.url, last, attempt + 1, self.retries + 1
                     )

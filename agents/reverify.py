@@ -19,6 +19,11 @@ An episode played in another call syntax than ``hermes`` (a model with its own c
 :mod:`toolgym.call_formats`) is replayed in that syntax: the one whose opening messages are the stored
 ones (the syntax shapes the tool list the environment writes).
 
+NOTE (data, not code): the environment id comes from the stored files, and gymnasium's ``module:id``
+form imports that module, which runs its code. A run directory may come from anyone, so such an id is
+refused unless the caller allows it (``allow_import=True``, ``toolgym reverify --allow-import``), before
+any environment is built; a registered id (``toolgym/SearchQA-v0``) imports nothing the file chooses.
+
 Episodes that ended as ``infra_error`` were never scored and are skipped (counted). An environment
 that raises anything but an :class:`~toolgym.errors.InfraError` while replaying is a verifier or
 environment bug: it is reported per episode as an error (never as reward 0) and the rest go on.
@@ -39,7 +44,8 @@ from toolgym.call_formats import CALL_FORMATS
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError, InfraError
 from toolgym.parsing import HERMES
-from toolgym.registry import make
+from toolgym.registry import is_remote_id, make
+from toolgym.run_files import write_atomic
 
 __all__ = ["Replay", "ReverifyReport", "SourceReport", "replay", "reverify_run"]
 
@@ -235,25 +241,47 @@ def _reverify_source(
     return report
 
 
+def _refuse_imports(sources: Sequence[tuple[str, str, dict[str, Any], list[Trajectory]]]) -> None:
+    """Refuse every stored ``module:id`` environment id (its module would be imported: code chosen by a
+    file); the flag that allows it is named."""
+    for name, env_id, _, _ in sources:
+        module = env_id.rpartition(":")[0]
+        if module and not is_remote_id(env_id):
+            raise ConfigError(
+                f"{name} names the environment {env_id!r}: rebuilding it imports the module {module!r}, which "
+                "runs its code, and the name comes from a stored file that anyone who could write the run "
+                "directory may have chosen. Nothing was imported. If you trust this run directory and that "
+                "module, pass --allow-import (reverify_run(..., allow_import=True))"
+            )
+
+
 def reverify_run(
     run_dir: str | Path,
     *,
     progress: Callable[[str, int, int], None] | None = None,
     examples: int = 5,
     write: bool = True,
+    allow_import: bool = False,
 ) -> ReverifyReport:
     """Re-score every stored trajectory under ``run_dir``; write ``RUN/reverify.json`` when ``write``.
 
+    ``allow_import``: build environments named in gymnasium's ``module:id`` form, importing the module
+    a stored file names (see the NOTE above); refused otherwise.
+
     Raises:
-        ConfigError: ``run_dir`` is not a directory or holds nothing to re-score.
+        ConfigError: ``run_dir`` is not a directory or holds nothing to re-score, a stored environment id
+            names a module to import and ``allow_import`` is false, or a link stands at ``reverify.json``.
     """
     run = Path(run_dir)
     if not run.is_dir():
         raise ConfigError(
             f"{str(run)!r} is not a directory; pass a `toolgym train --out` or `toolgym eval --out`"
         )
+    stored = list(_sources(run))
+    if not allow_import:
+        _refuse_imports(stored)
     sources = []
-    for name, env_id, env_kwargs, episodes in _sources(run):
+    for name, env_id, env_kwargs, episodes in stored:
         step = (lambda done, total, name=name: progress(name, done, total)) if progress else None
         sources.append(_reverify_source(name, env_id, env_kwargs, episodes, step, examples))
     if not sources:
@@ -263,5 +291,5 @@ def reverify_run(
         )
     report = ReverifyReport(str(run), sources)
     if write:
-        (run / RESULT).write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_atomic(run / RESULT, json.dumps(report.to_dict(), indent=2) + "\n")  # never through a link
     return report

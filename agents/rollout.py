@@ -78,6 +78,7 @@ from toolgym.core import (
 )
 from toolgym.errors import ConfigError, InfraError
 from toolgym.parsing import HERMES
+from toolgym.run_files import open_append, open_write
 
 __all__ = ["read_trajectories", "run_episode", "user_wrappers", "write_trajectories"]
 
@@ -439,7 +440,7 @@ def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], *, 
     """Append trajectories to a JSONL file (one JSON object per line, flushed per line)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a" if append else "w", encoding="utf-8") as fh:
+    with open_append(path) if append else open_write(path) as fh:  # never through a planted link
         for trajectory in trajectories:
             fh.write(trajectory.to_json() + "\n")
             fh.flush()

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from toolgym.errors import ConfigError
+from toolgym.run_files import write_atomic
 
 __all__ = [
     "ALPHA",
@@ -400,9 +401,9 @@ def write_arms_results(out_dir: str | Path) -> str:
         data["results"] = results_dict(results)
         data["untrained"] = _untrained(out / plan["arms"][0]["name"] / "heldout")
         table = markdown_table(results)
-        (out / "arms.md").write_text(table, encoding="utf-8")
-        (out / "arms.tex").write_text(latex_table(results, label=f"arms-{out.name}"), encoding="utf-8")
-    (out / "arms.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        write_atomic(out / "arms.md", table)
+        write_atomic(out / "arms.tex", latex_table(results, label=f"arms-{out.name}"))
+    write_atomic(out / "arms.json", json.dumps(data, indent=2) + "\n")
     return table
 
 

@@ -30,7 +30,8 @@ from typing import Any
 
 from toolgym.errors import ConfigError, RunStopped
 from toolgym.manifest import manifest_differences, read_run_manifest
-from toolgym.procs import PROCESSES_FILE, stop_leftovers
+from toolgym.procs import stop_leftovers
+from toolgym.run_files import write_atomic
 from toolgym.training.arms import PLAN, ArmsPlan, command_line, plan_arms
 from toolgym.training.config import to_dict
 
@@ -76,7 +77,7 @@ def train_arm_process(config_path: str | None, overrides: Sequence[str], arm_dir
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
                 how = f"was killed by signal {-code}"
-            if stopped := stop_leftovers(arm_dir / PROCESSES_FILE):  # its engine outlived it
+            if stopped := stop_leftovers(arm_dir):  # its engine outlived it
                 how += f"; the {len(stopped)} process(es) its policy had started were stopped"
         raise RunStopped(
             f"arm {name!r} {how} (its output is above); the finished arms are kept: rerun the same "
@@ -92,9 +93,7 @@ def _read_record(arm_dir: Path) -> dict[str, Any]:
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def run_arms(

@@ -10,6 +10,7 @@ enters the loss; the model-side scorers pad their token ids the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -132,6 +133,11 @@ class LossSums:
             dual_frac=self.dual_frac + terms.dual_frac,
             entropy=self.entropy + entropy,
         )
+
+    def finite(self) -> bool:
+        """Whether every term is a finite number: a NaN or infinite loss term (from a non-finite
+        logprob, say) means the step's gradient cannot be trusted, whatever its norm."""
+        return all(math.isfinite(v) for v in self.as_dict().values())
 
     def as_dict(self) -> dict[str, float]:
         return {

@@ -15,6 +15,16 @@ checkpoint is untouched, and rerunning the same command resumes from it (the ste
 again; their log lines are cut back first, so nothing is counted twice). A checkpoint that cannot be
 read (truncated or damaged outside toolgym) raises :class:`~toolgym.errors.CheckpointError` too,
 rather than a deserialiser's traceback, and is never silently ignored.
+
+NOTE (data, not code): a run directory may be shared, copied or downloaded, so its checkpoint is read
+as data: ``torch.load(weights_only=True)``, which rebuilds tensors and plain values (dicts, lists,
+tuples, strings, numbers) and nothing else, so unpickling it can run no code. The state therefore holds
+only those (checked when saved): NumPy's RNG state is kept as a dict of plain values and rebuilt on
+load. A file that names anything else is refused with a :class:`~toolgym.errors.CheckpointError`
+naming what it holds: a checkpoint of an older toolgym (NumPy's RNG state as NumPy objects) with the
+command that converts it once (``toolgym checkpoint upgrade RUN``, :func:`upgrade_checkpoint`, which
+itself rebuilds only those NumPy arrays), anything else as a file no toolgym wrote. Temporary files
+are created, never opened through a planted link (:mod:`toolgym.run_files`).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import numpy as np
 import torch
 
 from toolgym.errors import CheckpointError
+from toolgym.run_files import create_new, open_update
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -40,6 +51,7 @@ __all__ = [
     "restore_rng",
     "save_checkpoint",
     "truncate_to",
+    "upgrade_checkpoint",
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -47,14 +59,59 @@ CHECKPOINT_NAME = "checkpoint.pt"
 log = logging.getLogger(__name__)
 
 
+#: What a checkpoint of an older toolgym holds beyond tensors and plain values: NumPy's RNG state as
+#: NumPy objects (an ``ndarray`` of ``uint32`` in NumPy's own tuple)
+_OLDER_GLOBALS = frozenset(
+    {
+        "numpy.core.multiarray._reconstruct",
+        "numpy._core.multiarray._reconstruct",
+        "numpy.ndarray",
+        "numpy.dtype",
+        "numpy.dtypes.UInt32DType",
+    }
+)
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.device)
+
+
 def capture_rng() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The Python, NumPy and torch RNG states, as tensors and plain values only (see the NOTE above)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    numpy_state = {
+        "kind": str(kind),
+        "keys": [int(k) for k in keys],
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "gauss": float(gauss),
+    }
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    """Set the RNGs to a :func:`capture_rng` state."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    keys = np.array(n["keys"], dtype=np.uint32)
+    np.random.set_state((n["kind"], keys, int(n["pos"]), int(n["has_gauss"]), float(n["gauss"])))
     torch.set_rng_state(state["torch"])
+
+
+def _check_plain(value: Any, where: str = "state") -> None:
+    """Raise ``TypeError`` naming the first value ``torch.load(weights_only=True)`` would refuse."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                raise TypeError(
+                    f"{where} has a {type(key).__name__} key {key!r}: a checkpoint's keys are str or int"
+                )
+            _check_plain(item, f"{where}[{key!r}]")
+    elif isinstance(value, list | tuple) and type(value) in (list, tuple, torch.Size):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{where}[{i}]")
+    elif not isinstance(value, _PLAIN):
+        raise TypeError(
+            f"{where} is a {type(value).__module__}.{type(value).__qualname__}: a checkpoint holds tensors "
+            "and plain values only (it is loaded with weights_only=True); store it as those"
+        )
 
 
 class _Writer:
@@ -84,12 +141,15 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
 
     Raises:
         CheckpointError: the run directory refused the write; the previous checkpoint is untouched.
+        ConfigError: a symbolic link stands at the temporary file's name (nothing is written through it).
+        TypeError: ``state`` holds something other than tensors and plain values (a bug; nothing written).
     """
     run_dir = Path(run_dir)
+    _check_plain(state)
     final = run_dir / CHECKPOINT_NAME
     tmp = run_dir / f".{CHECKPOINT_NAME}.tmp"
     try:
-        with tmp.open("wb") as fh:
+        with create_new(tmp) as fh:  # never through a link planted at the temporary name
             writer = _Writer(fh)
             try:
                 torch.save(state, cast(BinaryIO, writer))  # torch.save only calls write and flush
@@ -122,23 +182,22 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
 
 
 def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
-    """The run's checkpoint, or None when it has none yet.
+    """The run's checkpoint, read as data (tensors and plain values), or None when it has none yet.
 
     Raises:
-        CheckpointError: the file exists but cannot be read as a checkpoint.
+        CheckpointError: the file exists but cannot be read as a checkpoint: damaged, written by an
+            older toolgym (the message gives the command that converts it), or holding objects no
+            toolgym writes (refused; nothing in it runs).
     """
     path = Path(run_dir) / CHECKPOINT_NAME
     if not path.is_file():
         return None
     try:
-        # weights_only=False: the state holds RNG tuples and plain dicts written by this module only.
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(
-            f"cannot read the checkpoint {path} ({type(exc).__name__}: {exc}); it is damaged (it was "
-            "changed or truncated outside toolgym, whose writes are atomic). Fix: restore it from a copy, "
-            "or remove the run directory to start the run over"
-        ) from exc
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise _refusal(path) from None
+    except (OSError, EOFError, RuntimeError, zipfile.BadZipFile) as exc:
+        raise _damaged(path, exc) from exc
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError(
             f"{path} is not a toolgym training checkpoint (expected a dict with 'step', got "
@@ -147,9 +206,118 @@ def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
     return state
 
 
+def upgrade_checkpoint(run_dir: str | Path) -> bool:
+    """Rewrite a checkpoint of an older toolgym in today's form (``toolgym checkpoint upgrade RUN``).
+
+    The old file is read with ``weights_only=True`` too, allowing only the NumPy array types older
+    toolgym wrote (its NumPy RNG state), so converting runs no code from the file either; the new file
+    replaces it atomically. Returns False when the checkpoint is already in today's form.
+
+    Raises:
+        CheckpointError: no checkpoint, or one holding anything else (refused, named, untouched).
+    """
+    path = Path(run_dir) / CHECKPOINT_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist: pass the --out of a `toolgym train` run")
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+        return False
+    except pickle.UnpicklingError:
+        pass
+    except (OSError, EOFError, RuntimeError, zipfile.BadZipFile) as exc:
+        raise _damaged(path, exc) from exc
+    names = _unsafe_globals(path)
+    if names is None or not set(names) <= _OLDER_GLOBALS:
+        held = ", ".join(names) if names else "objects other than tensors and plain values"
+        raise CheckpointError(
+            f"refused {path}: it holds {held}, which no toolgym wrote (an older toolgym's checkpoint holds "
+            "only NumPy arrays beyond tensors and plain values), so it is not converted and nothing in it "
+            f"runs. If you did not put it there, someone with write access to {path.parent} may have"
+        )
+    allow = getattr(torch.serialization, "safe_globals", None)
+    if allow is None:
+        raise CheckpointError(f"converting {path} needs torch >= 2.6 (pip install -U torch)")
+    try:
+        from numpy._core.multiarray import _reconstruct  # NumPy 2
+    except ImportError:
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]  # NumPy 1
+    older: list[Any] = [_reconstruct, (_reconstruct, "numpy.core.multiarray._reconstruct")]
+    older += [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    try:
+        with allow(older):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # a global the static listing missed: still refused, still unrun
+        raise _refusal(path) from None
+    rng = state.get("rng") if isinstance(state, dict) else None
+    if not isinstance(rng, dict) or not isinstance(rng.get("numpy"), tuple) or "step" not in state:
+        raise CheckpointError(f"{path} is not a toolgym training checkpoint: nothing converted")
+    kind, keys, pos, has_gauss, gauss = rng["numpy"]
+    rng["numpy"] = {
+        "kind": str(kind),
+        "keys": [int(k) for k in keys],
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "gauss": float(gauss),
+    }
+    try:
+        _check_plain(state)
+    except TypeError as exc:
+        raise CheckpointError(
+            f"{path} holds more than an older toolgym wrote: {exc}; nothing converted"
+        ) from None
+    save_checkpoint(path.parent, state)
+    return True
+
+
+def _unsafe_globals(path: Path) -> list[str] | None:
+    """The names a checkpoint's pickle refers to beyond what ``weights_only`` allows, read without
+    unpickling it; None when they cannot be listed (not a zip checkpoint, an older torch)."""
+    lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if lister is None:
+        return None
+    try:
+        return sorted(lister(str(path)))
+    except Exception:  # noqa: BLE001 (a damaged file: the caller reports it as such)
+        return None
+
+
+def _refusal(path: Path) -> CheckpointError:
+    """Why a checkpoint ``weights_only`` refused is not loaded, and what to do about it."""
+    if not zipfile.is_zipfile(path):  # torch.save, toolgym's writer, always writes a zip archive
+        return _damaged(path, "not a zip archive, which every checkpoint toolgym writes is")
+    names = _unsafe_globals(path)
+    if names and set(names) <= _OLDER_GLOBALS:
+        return CheckpointError(
+            f"{path} was written by an older toolgym: it holds NumPy objects ({', '.join(names)}), and a "
+            "checkpoint is now read as tensors and plain values only, so that a run directory runs no code. "
+            f"Convert it once (this runs no code from it either): `toolgym checkpoint upgrade {path.parent}`, "
+            "then rerun the same command"
+        )
+    held = ", ".join(names) if names else "objects other than tensors and plain values"
+    return CheckpointError(
+        f"refused {path}: it holds {held}, which no toolgym writes; a checkpoint is read as tensors and "
+        "plain values only, so toolgym runs no code from a run directory. If you did not put it there, "
+        f"someone with write access to {path.parent} may have: remove it, or restore the run's own copy"
+    )
+
+
+def _damaged(path: Path, why: BaseException | str) -> CheckpointError:
+    reason = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+    return CheckpointError(
+        f"cannot read the checkpoint {path} ({reason}); it is damaged (it was "
+        "changed or truncated outside toolgym, whose writes are atomic). Fix: restore it from a copy, "
+        "or remove the run directory to start the run over"
+    )
+
+
 def truncate_to(path: str | Path, size: int) -> None:
-    """Cut a log file back to ``size`` bytes (what it held at the checkpoint)."""
+    """Cut a log file back to ``size`` bytes (what it held at the checkpoint).
+
+    Raises:
+        ConfigError: ``path`` is a symbolic link (nothing is cut through it).
+    """
     path = Path(path)
-    if path.exists() and path.stat().st_size > size:
-        with path.open("r+b") as fh:
-            fh.truncate(size)
+    if os.path.lexists(path):
+        with open_update(path) as fh:  # never through a planted link
+            if os.fstat(fh.fileno()).st_size > size:
+                fh.truncate(size)

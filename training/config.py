@@ -96,7 +96,10 @@ class PolicyConfig:
             weights pushed into it after every step like ``vllm``'s).
         url: ``vllm-server`` only: a running server's base URL (``http://host:port``; it must serve
             ``model`` and run with ``VLLM_SERVER_DEV_MODE=1`` and toolgym's worker extension); empty =
-            start one on this machine.
+            start one on this machine (on 127.0.0.1, with a fresh key every route needs).
+        api_key_env: ``vllm-server`` with ``url`` only: the name of the environment variable that
+            holds the server's key (sent as a bearer token); the key itself never goes in a config or
+            a run directory. A server that answers 401 stops the run naming this setting.
         model: a model directory (or ``.gguf`` file) for ``hf`` and ``vllm`` (empty = the embedded
             SmolLM2-135M-Instruct).
         dtype: parameter dtype for ``hf``; the serving dtype for ``vllm`` (its learner is always fp32).
@@ -131,6 +134,7 @@ class PolicyConfig:
 
     kind: str = "hf"
     url: str = ""
+    api_key_env: str = "VLLM_API_KEY"
     model: str = ""
     dtype: str = "float32"
     threads: int = 0
@@ -155,6 +159,11 @@ class PolicyConfig:
             )
         if self.url and self.kind != "vllm-server":
             raise ConfigError(f"policy.url is for policy.kind = 'vllm-server', not {self.kind!r}")
+        if not (self.api_key_env.isascii() and self.api_key_env.isidentifier()):
+            raise ConfigError(  # the value is not echoed: it may be the key itself
+                "policy.api_key_env must name an environment variable (ASCII letters, digits and _, not "
+                "starting with a digit): put the key itself in that variable, never in the config"
+            )
         if self.weights_dir and self.kind not in ("vllm", "vllm-server"):
             raise ConfigError(
                 f"policy.weights_dir is for policy.kind = 'vllm' or 'vllm-server' (the weights the engine "

@@ -43,6 +43,7 @@ from toolgym.agents.exports import (
 from toolgym.agents.models import MANIFEST as CACHE_MANIFEST
 from toolgym.agents.models import file_sha256, require_hf, resolve_model_dir
 from toolgym.errors import ConfigError
+from toolgym.run_files import write_atomic
 
 __all__ = ["DEFAULT_KEEP", "export_checkpoint", "export_from_checkpoint", "export_model"]
 
@@ -271,7 +272,7 @@ def _write_manifest(
         "chat_tokens": {m: _token_id(tokenizer, m) for m in chat_tokens(chat_format)},
         "files": files,
     }
-    (directory / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    write_atomic(directory / EXPORT_MANIFEST, json.dumps(manifest, indent=2))
 
 
 def _token_id(tokenizer: Any, token: str) -> int | None:
@@ -315,9 +316,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 def _write_latest(root: Path, step: int, name: str) -> None:
-    tmp = root / f".{LATEST}.tmp"
-    tmp.write_text(json.dumps({"step": step, "dir": name}) + "\n", encoding="utf-8")
-    os.replace(tmp, root / LATEST)
+    write_atomic(root / LATEST, json.dumps({"step": step, "dir": name}) + "\n")  # never through a link
 
 
 def _prune(root: Path, step: int, keep: int) -> None:

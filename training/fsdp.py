@@ -149,11 +149,16 @@ class ShardedLearner:
         reduced = reduce_sums(sums, self.device)
         return reduced, time.perf_counter() - t0
 
-    def step(self) -> float:
-        """Clip (by the global norm) and take the AdamW step on every rank's shards; the norm."""
-        norm = self.optimizer.step(self.max_grad_norm)
+    def step(self, *, finite_loss: bool = True) -> float:
+        """Clip (by the global norm) and take the AdamW step on every rank's shards; the norm. A
+        non-finite norm or loss skips it on every rank alike (``LearnerOptimizer``'s note)."""
+        norm = self.optimizer.step(self.max_grad_norm, finite_loss=finite_loss)
         self.optimizer.zero_grad()
         return norm
+
+    @property
+    def last_skipped(self) -> bool:
+        return bool(self.optimizer.last_skipped)
 
     def _gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every parameter, whole, by name: one all-gather each (every rank walks them in order)."""

@@ -221,8 +221,13 @@ class StepResult:
         losses: the loss's terms and diagnostics, summed over micro-batches.
         tokens: mask-1 tokens trained; ``sequences``: sequences trained.
         grad_norm: before clipping (0 when nothing trained); ``lr``: the learning rate used.
-        updated: whether an optimizer step was taken (not when no group carried signal).
+        updated: whether an optimizer step was taken (not when no group carried signal, nor when the
+            step was skipped).
         sync: weight-publication timings (``time/weight_sync`` ... for a vLLM engine).
+        skipped: why a step with signal took no optimizer update, or "" when it took one or had no
+            signal: ``logprobs`` (a trained sample's behaviour logprob is NaN or infinite: nothing
+            was accumulated), ``loss`` or ``gradient`` (the step's loss or gradient norm is not
+            finite: the update was dropped, every weight untouched).
     """
 
     advantages: tuple[tuple[float, ...], ...]
@@ -236,3 +241,4 @@ class StepResult:
     lr: float
     updated: bool
     sync: Mapping[str, float] = field(default_factory=dict)
+    skipped: str = ""

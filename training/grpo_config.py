@@ -76,6 +76,10 @@ class GRPOConfig:
         max_infra_groups: consecutive groups whose every sample is ``infra_error`` (retries included)
             after which the run stops with a message (the infrastructure is down); it resumes from its
             last checkpoint.
+        max_nonfinite_steps: consecutive steps skipped because a trained logprob, the loss or the
+            gradient norm was NaN or infinite (:mod:`toolgym.training.step_guard`: a skipped step
+            leaves every weight untouched) after which the run stops; it resumes from its last
+            checkpoint.
         loggers: experiment trackers that also receive the metrics, config and trajectories:
             ``tensorboard``, ``wandb`` (offline); see :mod:`toolgym.trackers`. Empty: files only.
         loss_agg: how a step's per-token terms become its loss: ``token_mean`` (DAPO), ``seq_mean``
@@ -141,6 +145,7 @@ class GRPOConfig:
     learner_nodes: str = "trainer"
     learner_resources: Mapping[str, float] = field(default_factory=dict)
     max_infra_groups: int = 4
+    max_nonfinite_steps: int = 3
     loggers: tuple[str, ...] = ()
     loss_agg: str = "token_mean"
     loss_constant: int = 256
@@ -171,6 +176,7 @@ class GRPOConfig:
             "rollout_workers",
             "micro_batch",
             "max_infra_groups",
+            "max_nonfinite_steps",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")

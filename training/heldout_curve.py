@@ -20,6 +20,7 @@ from typing import Any
 
 from toolgym.core import Policy
 from toolgym.errors import InfraDown
+from toolgym.run_files import open_append
 
 __all__ = ["CURVE_FILE", "curve_point", "read_curve"]
 
@@ -66,7 +67,7 @@ async def curve_point(
         point[f"heldout_curve/{track.harness}/em"] = track.metrics.get("reward/em", track.success)
         if track.infra_errors:
             point[f"heldout_curve/{track.harness}/infra_errors"] = float(track.infra_errors)
-    with (run_dir / CURVE_FILE).open("a", encoding="utf-8") as fh:
+    with open_append(run_dir / CURVE_FILE) as fh:  # never through a planted link
         fh.write(json.dumps(point) + "\n")
     return point
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from toolgym.core import TaskToolEnv
+from toolgym.run_files import write_atomic
 
 __all__ = ["can_share_engine", "find_reusable", "run_heldout"]
 
@@ -219,7 +220,7 @@ async def run_heldout(
             source = find_reusable(hc.reuse, wanted, spec, fingerprint)
             if source is not None:
                 shutil.copytree(source, out)
-                (out / "reused_from.txt").write_text(f"{source}\n", encoding="utf-8")
+                write_atomic(out / "reused_from.txt", f"{source}\n")
                 reused[label] = str(source)
                 log.info("held-out evaluation of %s: reused %s", label, source)
     if served is not None and engine != "vllm":
@@ -262,7 +263,7 @@ async def run_heldout(
         "reused": reused,
         "tracks": _rows(runs, compare_runs, seed=hc.seed),
     }
-    (run_dir / "heldout" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_atomic(run_dir / "heldout" / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 

@@ -39,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import ConfigError
+from toolgym.run_files import write_atomic
 from toolgym.training.ray_backend import acquire_ray, adopt_sys_path, release_ray, user_sys_path
+from toolgym.training.rendezvous import INTERFACE_ENV  # re-exported: the settings passed to actors
 
 __all__ = [
     "INTERFACE_ENV",
@@ -50,9 +52,6 @@ __all__ = [
     "check_cluster_resources",
     "learner_log_path",
 ]
-
-#: Network-interface settings of gloo and NCCL, passed to the learner actors when the trainer has them.
-INTERFACE_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def learner_log_path(requested: str | None) -> Path | None:
@@ -236,7 +235,7 @@ class RayLearners:
                 self.placed[rank] = {"unknown": f"{type(exc).__name__}: {exc}"}
         if log_dir is not None:
             record = {"master_addr": master_addr, "trainer": self.trainer, "ranks": self.placed}
-            (log_dir / "placement.json").write_text(json.dumps(record, indent=2))
+            write_atomic(log_dir / "placement.json", json.dumps(record, indent=2))
 
     def log_elsewhere(self, rank: int) -> str:
         """Where rank's log is when it is not in the run's directory here (``""`` when unknown)."""

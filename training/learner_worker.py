@@ -19,6 +19,13 @@ from typing import Any, NoReturn
 import torch
 
 from toolgym.training.learner_step import ReplicatedStep, agree, torch_dist
+from toolgym.training.rendezvous import (
+    LOOPBACK_NAMES,
+    authenticate,
+    loopback_env,
+    require_secret,
+    transport_env,
+)
 
 __all__ = ["FAULT_ENV", "exit_worker", "worker_main"]
 
@@ -39,6 +46,7 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
     backend = os.environ.get("TOOLGYM_DIST_BACKEND", backend or "gloo")
     seconds = float(os.environ.get("TOOLGYM_DIST_TIMEOUT", timeout_s or 1800.0))
     timeout = datetime.timedelta(seconds=seconds)
+    secret = require_secret()  # a child: rank 0 put it in the environment; torchrun: the user did
     if spawned:
         store = dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False
@@ -46,7 +54,13 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
         store.set(f"learner/{rank}", "ready")
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     else:
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        local = os.environ.get("MASTER_ADDR", "") in LOOPBACK_NAMES
+        with transport_env(loopback_env() if local else {}):
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    # NOTE (trust): nothing from another rank is unpickled before every rank has proved the secret
+    authenticate(
+        secret, rank, world, torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
+    )
     fault = os.environ.get(FAULT_ENV, "")
     fault_rank, _, fault_step = fault.partition(":")
     model: torch.nn.Module | None = None
@@ -91,15 +105,15 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
             if fault and int(fault_rank) == rank and int(fault_step) == steps:
                 os.kill(os.getpid(), signal.SIGKILL)
             if sharded is not None:  # rank 0 does the same three things
-                sharded.accumulate(plan, settings)
-                sharded.step()
+                sums, _ = sharded.accumulate(plan, settings)
+                sharded.step(finite_loss=sums.finite())
                 sharded.gather_into(None)
                 continue
             if model is None or optimizer is None:
                 raise RuntimeError("a learner step arrived before the model")
             optimizer.zero_grad()
-            ReplicatedStep(model, world, rank).run(plan, settings)
-            optimizer.step(max_grad_norm)
+            sums, _ = ReplicatedStep(model, world, rank).run(plan, settings)
+            optimizer.step(max_grad_norm, finite_loss=sums.finite())  # the step's sums: rank 0 decides alike
             optimizer.zero_grad()
     finally:
         with contextlib.suppress(Exception):  # the group may be gone with rank 0

@@ -58,7 +58,8 @@ from typing import Any
 import torch
 
 from toolgym.errors import ConfigError, RunStopped
-from toolgym.procs import free_port, log_tail
+from toolgym.procs import log_tail
+from toolgym.run_files import create_new
 from toolgym.training.batching import LossSums
 from toolgym.training.grpo import StepPlan, accumulate_gradients
 from toolgym.training.learner_step import (
@@ -74,6 +75,16 @@ from toolgym.training.learner_step import (
     torchrun_rank,
 )
 from toolgym.training.learner_worker import FAULT_ENV, exit_worker, worker_main
+from toolgym.training.rendezvous import (
+    LOOPBACK_NAMES,
+    SECRET_ENV,
+    authenticate,
+    listening_store,
+    loopback_env,
+    new_secret,
+    require_secret,
+    transport_env,
+)
 
 __all__ = [  # the step's pieces (learner_step, learner_worker) are re-exported: one place to import the learner from
     "FAULT_ENV",
@@ -124,6 +135,8 @@ class LearnerGroup:
         self.shard = shard
         self.sharded: Any = None  # rank 0's ShardedLearner (train.shard = "fsdp2"), after the first sync
         self.step_number = 0  # the learner step under way, for messages
+        self.secret = ""  # the run's learner secret, once the group starts
+        self.transport: dict[str, str] = {}  # the interface pin of a one-machine group
         check_learners(self.world, backend, device)
         if shard == "fsdp2" and self.world < 2:
             where = "torchrun's world size" if self.external else "train.learners"
@@ -167,11 +180,14 @@ class LearnerGroup:
             return
         dist = torch_dist()
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        if self.external:
-            dist.init_process_group(self.backend, init_method="env://", timeout=timeout)
+        if self.external:  # torchrun's ranks: the secret comes from the user, on every node
+            self.secret = require_secret()
+            local = os.environ.get("MASTER_ADDR", "") in LOOPBACK_NAMES  # one machine: keep it there
+            with transport_env(loopback_env() if local else {}):
+                dist.init_process_group(self.backend, init_method="env://", timeout=timeout)
         else:
-            port = free_port()
-            store = dist.TCPStore("127.0.0.1", port, self.world, is_master=True, wait_for_workers=False)
+            # NOTE (trust): see toolgym.training.rendezvous: loopback on one machine, a secret always
+            self.secret = new_secret()
             master_addr = "127.0.0.1"
             if self.placement == "ray":
                 from toolgym.training.learner_actors import RayLearners
@@ -180,17 +196,30 @@ class LearnerGroup:
                     cuda=self.device.startswith("cuda"), nodes=self.nodes, resources=self.resources
                 )
                 master_addr = self.ray.open(self.world - 1)
+            self.transport = loopback_env() if master_addr == "127.0.0.1" else {}
+            store = listening_store(master_addr, self.world, min(self.timeout_s, 600.0))
             try:
                 for rank in range(1, self.world):
-                    self.children[rank] = self._spawn(rank, port, master_addr)
+                    self.children[rank] = self._spawn(rank, store.port, master_addr)
             except BaseException:
                 self._release()  # the learners already started
                 raise
             self._wait_for_children(store)
             if self.ray is not None:
                 self.ray.record(self.children, master_addr, self.log_dir)
-            dist.init_process_group(self.backend, store=store, rank=0, world_size=self.world, timeout=timeout)
+            with transport_env(self.transport):
+                dist.init_process_group(
+                    self.backend, store=store, rank=0, world_size=self.world, timeout=timeout
+                )
         self.started = True
+        try:
+            authenticate(self.secret, 0, self.world, self._device())
+        except BaseException:
+            self.close()
+            raise
+
+    def _device(self) -> str:
+        return self.device if self.backend == "nccl" else "cpu"
 
     def _spawn(self, rank: int, port: int, master_addr: str) -> Any:
         ours = {
@@ -200,6 +229,8 @@ class LearnerGroup:
             "WORLD_SIZE": str(self.world),
             "TOOLGYM_DIST_BACKEND": self.backend,
             "TOOLGYM_DIST_TIMEOUT": str(self.timeout_s),
+            SECRET_ENV: self.secret,
+            **self.transport,  # one machine: the same loopback pin as rank 0's
         }
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -210,7 +241,7 @@ class LearnerGroup:
         env = dict(os.environ, **ours)
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:
-            out = open(self.log_dir / f"rank-{rank}.log", "wb")  # noqa: SIM115 (the child writes to it)
+            out = create_new(self.log_dir / f"rank-{rank}.log")  # the child writes to it; never via a link
         try:
             return subprocess.Popen(
                 [sys.executable, "-m", "toolgym.training.learner_worker"], env=env, stdout=out, stderr=out
@@ -303,20 +334,24 @@ class LearnerGroup:
         held = {} if self.sharded is None else {"learners/held_share": self.sharded.held}
         return sums, {"time/grad_allreduce": seconds, "learners": float(self.world), **held}
 
-    def optimizer_step(self, model: torch.nn.Module, optimizer: Any, max_grad_norm: float) -> float:
+    def optimizer_step(
+        self, model: torch.nn.Module, optimizer: Any, max_grad_norm: float, *, finite_loss: bool = True
+    ) -> float:
         """The optimizer step after :meth:`accumulate`; the gradient norm before clipping. Sharded
         (``train.shard = "fsdp2"``): every rank steps its shards and rank 0 gathers the new weights
-        into ``model``; ``optimizer`` (rank 0's, over the whole model) only counts the step."""
+        into ``model``; ``optimizer`` (rank 0's, over the whole model) only counts the step. A
+        non-finite norm or loss (the step's sums, the same on every rank) skips it everywhere:
+        ``optimizer.last_skipped``."""
         if self.sharded is None:
-            return float(optimizer.step(max_grad_norm))
+            return float(optimizer.step(max_grad_norm, finite_loss=finite_loss))
         try:
-            norm = self.sharded.step()
+            norm = self.sharded.step(finite_loss=finite_loss)
             self.sharded.gather_into(model)
         except RunStopped:
             raise
         except Exception as exc:
             raise self._stopped(self.step_number, exc) from exc
-        optimizer.advance()
+        optimizer.advance(skipped=self.sharded.last_skipped)
         return norm
 
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:

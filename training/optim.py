@@ -70,6 +70,12 @@ class LearnerOptimizer:
     Use: ``zero_grad()``, backward passes on the model, then ``step(max_grad_norm)`` (returns the
     gradient norm before clipping) under the policy's weights lock. ``state_dict`` holds the AdamW
     state, the master copies and the schedule's position, so a resume continues bit for bit.
+
+    NOTE (non-finite steps): a step whose gradient norm is NaN or infinite, or whose loss was
+    (``finite_loss=False``), is skipped: the gradient is dropped and the weights, the AdamW moments
+    and the schedule stay as they were (``last_skipped`` says so). One NaN in a gradient would
+    otherwise reach every weight through AdamW's update. Every data-parallel rank sees the same
+    summed gradient and the same summed loss, so every rank makes the same decision.
     """
 
     def __init__(
@@ -95,6 +101,7 @@ class LearnerOptimizer:
         self.base_lr = lr
         self.schedule = schedule or ScheduleConfig()
         self.steps = 0
+        self.last_skipped = False
         self._apply_lr()
 
     @classmethod
@@ -142,14 +149,21 @@ class LearnerOptimizer:
         for m in self.masters:
             m.grad = None
 
-    def step(self, max_grad_norm: float) -> float:
-        """Clip the gradient norm, take one AdamW step, write low-precision weights back; the norm."""
+    def step(self, max_grad_norm: float, *, finite_loss: bool = True) -> float:
+        """Clip the gradient norm, take one AdamW step, write low-precision weights back; the norm.
+
+        A non-finite norm, or ``finite_loss=False``, skips the step (see the class note).
+        """
         import torch
 
         for p, m in zip(self.params, self.masters, strict=True):
             if m is not p:
                 m.grad = None if p.grad is None else p.grad.detach().to(torch.float32)
         norm = float(torch.nn.utils.clip_grad_norm_(self.masters, max_grad_norm))
+        self.last_skipped = not (finite_loss and math.isfinite(norm))
+        if self.last_skipped:
+            self.zero_grad()
+            return norm
         self.optimizer.step()
         with torch.no_grad():
             for p, m in zip(self.params, self.masters, strict=True):
@@ -159,9 +173,12 @@ class LearnerOptimizer:
         self._apply_lr()
         return norm
 
-    def advance(self) -> None:
+    def advance(self, *, skipped: bool = False) -> None:
         """Count a step taken elsewhere (a sharded learner stepped the weights: :mod:`toolgym.training.fsdp`):
-        the schedule moves on as if :meth:`step` had run."""
+        the schedule moves on as if :meth:`step` had run, unless that step was ``skipped``."""
+        self.last_skipped = skipped
+        if skipped:
+            return
         self.steps += 1
         self._apply_lr()
 

@@ -39,6 +39,7 @@ def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
         return VLLMServerPolicy(
             pc.model or None,
             url=pc.url or None,
+            api_key_env=pc.api_key_env,
             dtype=pc.dtype,
             max_model_len=pc.max_model_len,
             seed=config.train.seed,

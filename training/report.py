@@ -3,6 +3,12 @@
 No network and no JavaScript libraries: plots are inline SVG drawn here, the viewer is plain HTML with
 ``<details>`` elements. The viewer shows each sampled episode's messages, tool calls and results, and
 which spans were trained (mask 1, the assistant's sampled tokens) versus context (mask 0).
+
+NOTE (escaping): every value read from a run file reaches the page through :func:`_e` (text, quotes
+included) or :func:`_f` (a number, or, when the field holds anything else, that shown as text): a run
+directory may come from anyone, and a field such as a trajectory's ``stop_reason`` is whatever its file
+says. The page has no script and no inline JSON, so there is nothing else to escape. It is written
+without following a link planted at its name (:func:`toolgym.run_files.write_atomic`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.run_files import write_atomic
 from toolgym.training.heldout import read_heldout
 
 __all__ = ["PLOTS", "mask_runs", "write_report"]
@@ -43,6 +50,24 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _e(value: Any) -> str:
+    """A value from a run file as HTML text: escaped, quotes included (safe in attributes too)."""
+    return html.escape(str(value))
+
+
+def _f(value: Any, spec: str) -> str:
+    """A number from a run file formatted with ``spec``; any other value (a damaged or planted field)
+    is shown as escaped text rather than breaking the page."""
+    if isinstance(value, int | float):
+        return format(value, spec)
+    return _e(value)
+
+
+def _number(value: Any) -> float:
+    """A metric value as a float; anything that is not a number is a gap (NaN) in its plot."""
+    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def mask_runs(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
@@ -100,8 +125,8 @@ def _svg_plot(
 
 
 def _plots(metrics: list[dict[str, Any]]) -> str:
-    steps = [float(m.get("step", i + 1)) for i, m in enumerate(metrics)]
-    keys = sorted({k for m in metrics for k in m})
+    steps = [_number(m.get("step", i + 1)) for i, m in enumerate(metrics)]
+    keys = sorted({str(k) for m in metrics for k in m})
     out = []
     for title, wanted in PLOTS:
         names: list[str] = []
@@ -118,7 +143,7 @@ def _plots(metrics: list[dict[str, Any]]) -> str:
         if names == ["env/segments_mean"] and all(m.get(names[0], 1.0) == 1.0 for m in metrics):
             continue  # nothing was compacted
         gap = {name: math.nan if name.startswith("env/") else 0.0 for name in names}
-        series = {name: [float(m.get(name, gap[name])) for m in metrics] for name in names}
+        series = {name: [_number(m.get(name, gap[name])) for m in metrics] for name in names}
         out.append(_svg_plot(title, steps, series))
     return "\n".join(out)
 
@@ -133,8 +158,8 @@ def _segment_html(segment: dict[str, Any], index: int, summary_tokens: int) -> s
         "turn(s) left out"
     )
     label = f"segment {index + 1} · context compacted before turn {segment['start_turn']}: {what}"
-    body = html.escape(segment["summary"]) if segment.get("summary") else ""
-    return f'<div class="msg segment"><div class="role">{html.escape(label)}</div><pre>{body}</pre></div>'
+    body = _e(segment["summary"]) if segment.get("summary") else ""
+    return f'<div class="msg segment"><div class="role">{_e(label)}</div><pre>{body}</pre></div>'
 
 
 def _trajectory_html(record: dict[str, Any]) -> str:
@@ -148,12 +173,14 @@ def _trajectory_html(record: dict[str, Any]) -> str:
             summary_tokens[k + 1] = runs_by_segment[k].pop()
     runs = [n for seg in runs_by_segment for n in seg]
     starts = {s["start_turn"]: k + 1 for k, s in enumerate(segments)}
+    tools = t["allowed_tools"]
     head = (
-        f"step {record['step']} · task {html.escape(str(t['task_id']))} · reward {t['reward']:.3f} · advantage "
-        f"{record['advantage']:+.3f} · {t['status']} · tools {', '.join(t['allowed_tools'])} · "
+        f"step {_e(record['step'])} · task {_e(t['task_id'])} · reward {_f(t['reward'], '.3f')} · advantage "
+        f"{_f(record['advantage'], '+.3f')} · {_e(t['status'])} · tools "
+        f"{_e(', '.join(map(str, tools)) if isinstance(tools, list) else tools)} · "
         f"{'trained' if record['trained'] else 'not trained'}"
         + (f" · {len(masks)} segments" if segments else "")
-        + (f" · stopped: {t['stop_reason']}" if t.get("stop_reason") else "")
+        + (f" · stopped: {_e(t['stop_reason'])}" if t.get("stop_reason") else "")
     )
     rows = []
     sampled = iter(runs)
@@ -173,10 +200,10 @@ def _trajectory_html(record: dict[str, Any]) -> str:
             )
             cls = "msg trained"
         else:
-            label = f"{role}{' / ' + message['name'] if 'name' in message else ''} · context (mask 0)"
+            label = f"{role}{' / ' + str(message['name']) if 'name' in message else ''} · context (mask 0)"
             cls = "msg context"
         rows.append(
-            f'<div class="{cls}"><div class="role">{html.escape(label)}</div><pre>{html.escape(message["content"])}</pre></div>'
+            f'<div class="{cls}"><div class="role">{_e(label)}</div><pre>{_e(message["content"])}</pre></div>'
         )
     return f'<details class="trajectory"><summary>{head}</summary>{"".join(rows)}</details>'
 
@@ -190,13 +217,16 @@ def _heldout_html(run_dir: Path) -> str:
     control = any("control" in r for r in summary["tracks"])
 
     def cell(r: dict[str, Any], key: str, fmt: str = ".3f") -> str:
-        return f"<td>{format(r[key], fmt)}</td>" if key in r else "<td></td>"
+        return f"<td>{_f(r[key], fmt)}</td>" if key in r else "<td></td>"
 
     def interval(r: dict[str, Any], key: str) -> str:
-        return f"<td>[{r[key][0]:+.3f}, {r[key][1]:+.3f}]</td>" if key in r else "<td></td>"
+        if key not in r:
+            return "<td></td>"
+        low, high = r[key] if isinstance(r[key], list) and len(r[key]) == 2 else (r[key], "")
+        return f"<td>[{_f(low, '+.3f')}, {_f(high, '+.3f')}]</td>"
 
     rows = "".join(
-        f"<tr><td>{html.escape(r['harness'])}</td>{cell(r, 'base')}"
+        f"<tr><td>{_e(r['harness'])}</td>{cell(r, 'base')}"
         + (cell(r, "control") if control else "")
         + f"{cell(r, 'trained')}{cell(r, 'diff', '+.3f')}{interval(r, 'ci')}"
         + (f"{cell(r, 'rl_diff', '+.3f')}{interval(r, 'rl_ci')}" if control else "")
@@ -210,14 +240,14 @@ def _heldout_html(run_dir: Path) -> str:
     reused = summary.get("reused") or {}
     note = (
         " Reused from earlier runs (same tasks, seeds, environment and weights): "
-        + ", ".join(f"{html.escape(k)} from {html.escape(v)}" for k, v in reused.items())
+        + ", ".join(f"{_e(k)} from {_e(v)}" for k, v in reused.items())
         + "."
         if reused
         else ""
     )
     return f"""<h2>Held-out evaluation</h2>
-<p>{html.escape(str(summary["env_id"]))}, split <b>{html.escape(str(summary["split"]))}</b> (never trained on),
-{summary["n"]} tasks, greedy, same tasks and seeds for every policy. Reward: {html.escape(str(summary["metric"]))};
+<p>{_e(summary["env_id"])}, split <b>{_e(summary["split"])}</b> (never trained on),
+{_e(summary["n"])} tasks, greedy, same tasks and seeds for every policy. Reward: {_e(summary["metric"])};
 differences are paired, with bootstrap 95% intervals; <i>pooled</i> pairs each task across tracks
 (its mean over tracks; tasks resampled).{" The control is the warm-start export: with train.lr = 0 the run would end there, so trained &minus; control is RL's own share." if control else ""}{note}</p>
 <table id="heldout"><tr><th>track</th>{head}
@@ -232,15 +262,16 @@ def _curve_html(run_dir: Path) -> str:
     if not points:
         return ""
     keys = sorted({k for p in points for k in p if k.startswith("heldout_curve/")})
-    series = {k.removeprefix("heldout_curve/"): [float(p.get(k, math.nan)) for p in points] for k in keys}
-    plot = _svg_plot("Held-out reward and EM during training (greedy)", [p["step"] for p in points], series)
+    series = {k.removeprefix("heldout_curve/"): [_number(p.get(k, math.nan)) for p in points] for k in keys}
+    steps = [_number(p["step"]) for p in points]
+    plot = _svg_plot("Held-out reward and EM during training (greedy)", steps, series)
     rows = "".join(
-        f"<tr><td>{int(p['step'])}</td>"
-        + "".join(f"<td>{p.get(k, math.nan):.3f}</td>" for k in keys)
+        f"<tr><td>{_f(p['step'], '.0f')}</td>"
+        + "".join(f"<td>{_f(p.get(k, math.nan), '.3f')}</td>" for k in keys)
         + "</tr>"
         for p in points
     )
-    head = "".join(f"<th>{html.escape(k.removeprefix('heldout_curve/'))}</th>" for k in keys)
+    head = "".join(f"<th>{_e(k.removeprefix('heldout_curve/'))}</th>" for k in keys)
     return f"""<h2>Held-out curve</h2><div class="plots">{plot}</div>
 <table id="heldout-curve"><tr><th>step</th>{head}</tr>{rows}</table>"""
 
@@ -251,32 +282,40 @@ def _prompts_html(run_dir: Path, metrics: list[dict[str, Any]], events: list[dic
     warm = run_dir / "warm_start.json"
     if warm.is_file():
         tools = json.loads(warm.read_text(encoding="utf-8")).get("tools") or ["every tool of the environment"]
-        rows.append(("warm start", ", ".join(tools)))
+        rows.append(("warm start", ", ".join(map(str, tools))))
     config = (
         json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
         if (run_dir / "config.json").exists()
         else {}
     )
     stages = config.get("curriculum", {}).get("stages") or []
-    if stages and metrics:
-        changes = [(0, 0)] + [(int(e.get("step", 0)), int(e["to"])) for e in events if "env" not in e]
-        last = int(metrics[-1]["step"])
-        for (begin, stage), (end, _) in zip(changes, [*changes[1:], (last, 0)], strict=True):
+    last = _number(metrics[-1].get("step")) if metrics else math.nan
+    if stages and metrics and math.isfinite(last):
+        changes = [(0, 0)]
+        for e in events:  # an event that is not one toolgym writes (not numbers, no such stage) moves nothing
+            step, to = _number(e.get("step", 0)), e.get("to")
+            if "env" not in e and math.isfinite(step) and isinstance(to, int) and 0 <= to < len(stages):
+                changes.append((int(step), to))
+        for (begin, stage), (end, _) in zip(changes, [*changes[1:], (int(last), 0)], strict=True):
             if begin < end:
-                rows.append((f"RL steps {begin + 1}-{end} (stage {stage})", ", ".join(stages[stage])))
+                rows.append(
+                    (f"RL steps {begin + 1}-{end} (stage {stage})", ", ".join(map(str, stages[stage])))
+                )
     elif metrics:
-        rows.append((f"RL steps 1-{int(metrics[-1]['step'])}", "every tool of the environment"))
+        rows.append((f"RL steps 1-{_f(metrics[-1].get('step'), '.0f')}", "every tool of the environment"))
     summary = read_heldout(run_dir)
     if summary is not None:
-        rows.append(("held-out", ", ".join(summary.get("tools") or ["every tool of the environment"])))
+        rows.append(
+            ("held-out", ", ".join(map(str, summary.get("tools") or ["every tool of the environment"])))
+        )
     if not rows:
         return ""
-    body = "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>" for a, b in rows)
-    informative = sum(m.get("groups/informative", 0.0) for m in metrics)
-    drawn = sum(m.get("groups/drawn", 0.0) for m in metrics)
+    body = "".join(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for a, b in rows)
+    informative = sum(_number(m.get("groups/informative", 0.0)) for m in metrics)
+    drawn = sum(_number(m.get("groups/drawn", 0.0)) for m in metrics)
     groups = (
-        f'<p id="groups">{int(informative)} of {int(drawn)} groups drawn had reward variance and trained.</p>'
-        if drawn
+        f'<p id="groups">{informative:.0f} of {drawn:.0f} groups drawn had reward variance and trained.</p>'
+        if drawn > 0
         else ""
     )
     return f"""<h2>Prompts by phase</h2><p>The tools each phase's system prompt offered.</p>
@@ -288,12 +327,12 @@ def _warm_start_html(run_dir: Path) -> str:
     if not path.is_file():
         return ""
     w = json.loads(path.read_text(encoding="utf-8"))
-    losses = ", ".join(f"{x:.3f}" for x in w["epoch_losses"])
+    losses = ", ".join(_f(x, ".3f") for x in w["epoch_losses"])
     return f"""<h2>Warm start</h2>
-<p id="warm-start">Rejection-sampled fine-tune before RL: {w["sampled"]} episodes sampled from the untrained
-policy on {w["tasks"]} training tasks (mean reward {w["mean_reward"]:.3f}); {w["kept"]} kept from
-{w["tasks_with_success"]} tasks (mean reward {w["mean_kept_reward"]:.3f}), {w["tokens"]} sampled tokens;
-loss per epoch {losses}; {w["seconds"]:.0f} s.</p>"""
+<p id="warm-start">Rejection-sampled fine-tune before RL: {_e(w["sampled"])} episodes sampled from the untrained
+policy on {_e(w["tasks"])} training tasks (mean reward {_f(w["mean_reward"], ".3f")}); {_e(w["kept"])} kept from
+{_e(w["tasks_with_success"])} tasks (mean reward {_f(w["mean_kept_reward"], ".3f")}), {_e(w["tokens"])} sampled tokens;
+loss per epoch {losses}; {_f(w["seconds"], ".0f")} s.</p>"""
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -313,14 +352,25 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         half = MAX_TRAJECTORIES // 2
         records = records[:half] + records[-half:]
     stage_rows = "".join(
-        f"<tr><td>{e.get('step', '')}</td><td>{e['from']} → {e['to']}</td><td>{html.escape(e['env'] + ': ' if 'env' in e else '')}{html.escape(e['signal'])}</td><td>{html.escape(', '.join(e['tools']))}</td></tr>"
+        f"<tr><td>{_e(e.get('step', ''))}</td><td>{_e(e['from'])} → {_e(e['to'])}</td><td>{_e(str(e['env']) + ': ' if 'env' in e else '')}{_e(e['signal'])}</td><td>{_e(', '.join(map(str, e['tools'])))}</td></tr>"
         for e in events
     )
     heldout = _heldout_html(run_dir) + _curve_html(run_dir)
     warm = _warm_start_html(run_dir) + _prompts_html(run_dir, metrics, events)
     last = metrics[-1]
     summary = ", ".join(
-        f"{k} = {last[k]:.3f}" for k in ("reward/mean", "reward/shaped_mean", "curriculum/stage") if k in last
+        f"{k} = {_f(last[k], '.3f')}"
+        for k in ("reward/mean", "reward/shaped_mean", "curriculum/stage")
+        if k in last
+    )
+    skipped = [m for m in metrics if m.get("train/skipped") == 1.0]
+    guard = (
+        f"""<p id="skipped" class="warning">{len(skipped)} step(s) skipped: a trained logprob, the loss or
+the gradient norm was not finite, so the optimizer update was dropped and every weight kept (steps
+{_e(", ".join(str(int(m["step"])) if isinstance(m.get("step"), int | float) else "?" for m in skipped))};
+their groups are in <code>nonfinite/</code>).</p>"""
+        if skipped
+        else ""
     )
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>toolgym run report: {html.escape(run_dir.name)}</title>
@@ -336,10 +386,12 @@ figcaption {{ font-weight: 600; }}
 .role {{ font-size: .8em; color: #555; }}
 pre {{ white-space: pre-wrap; margin: .2em 0; }}
 table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .2em .6em; }}
+.warning {{ border-left: 4px solid #d62728; background: #fdf0f0; padding: .3em .6em; }}
 </style></head>
 <body>
 <h1>Run {html.escape(run_dir.name)}</h1>
-<p id="summary">{len(metrics)} steps. Last step: {html.escape(summary)}.</p>
+<p id="summary">{len(metrics)} steps. Last step: {summary}.</p>
+{guard}
 {heldout}
 <h2>Curves</h2>
 <div class="plots">{_plots(metrics)}</div>
@@ -351,9 +403,9 @@ table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding
 tool results and harness text (mask 0), never trained. Orange: a compacted episode went on in a new
 token sequence (segment); every segment trains with the episode's advantage.</p>
 <div id="trajectories">{"".join(_trajectory_html(r) for r in records)}</div>
-<h2>Config</h2><pre id="config">{html.escape(config)}</pre>
+<h2>Config</h2><pre id="config">{_e(config)}</pre>
 </body></html>
 """
     path = Path(out) if out is not None else run_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)  # never through a link planted at its name
     return path

@@ -20,6 +20,7 @@ from typing import Any
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
 from toolgym.manifest import manifest_differences, read_run_manifest, run_manifest, write_run_manifest
+from toolgym.run_files import open_append, refuse_link
 from toolgym.trackers import Trackers, trajectory_rows
 from toolgym.training.config import TrainConfig, to_dict
 from toolgym.training.grpo import StepResult
@@ -28,6 +29,7 @@ from toolgym.training.rollouts import Group
 
 __all__ = [
     "LOG_FILES",
+    "RUN_FILES",
     "GroupRecord",
     "group_records",
     "step_metrics",
@@ -37,6 +39,8 @@ __all__ = [
 ]
 
 LOG_FILES = ("metrics.jsonl", "trajectories.jsonl", "curriculum.jsonl", "heldout_curve.jsonl")
+#: the run's other files the trainer writes at its top level (checked for planted links at the start)
+RUN_FILES = ("config.json", "manifest.json", "checkpoint.pt", ".checkpoint.pt.tmp", "report.html")
 
 
 @dataclass(frozen=True)
@@ -161,8 +165,11 @@ def write_step(
 
     ``env_names`` (a mixture's ``[[env]]`` names) adds each sample's environment as ``"env"``; a
     sample of a dropped group carries ``"dropped"`` (why its group never trained).
+
+    Raises:
+        ConfigError: a log's name is a symbolic link (nothing is written through it).
     """
-    with (run_dir / "trajectories.jsonl").open("a", encoding="utf-8") as fh:
+    with open_append(run_dir / "trajectories.jsonl") as fh:  # never through a planted link
         for r in records:
             for i, (t, a) in enumerate(zip(r.group.trajectories, r.advantages, strict=True)):
                 record: dict[str, Any] = {"step": step, "group": r.group.index, "sample": i, "advantage": a}
@@ -172,10 +179,10 @@ def write_step(
                 if env_names:
                     record["env"] = env_names[r.group.env]
                 fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-    with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+    with open_append(run_dir / "metrics.jsonl") as fh:
         fh.write(json.dumps(dict(metrics)) + "\n")
     if curriculum_events:
-        with (run_dir / "curriculum.jsonl").open("a", encoding="utf-8") as fh:
+        with open_append(run_dir / "curriculum.jsonl") as fh:
             for event in curriculum_events:
                 fh.write(json.dumps({**event, "step": step}) + "\n")
 
@@ -203,11 +210,17 @@ def write_train_manifest(
 ) -> Path:
     """Write the run's manifest; a resumed run must pose the same environment as the run it continues.
 
+    The run's own files are checked first: a symbolic link at any of their names (planted, since toolgym
+    creates none) stops the run here, at its start, rather than at the step that would write through it.
+
     Raises:
-        ConfigError: ``resuming`` and the stored manifest's environment fields (data and index hashes,
+        ConfigError: a symbolic link stands at a run file's name; or ``resuming`` and the stored
+            manifest's environment fields (data and index hashes,
             prompts and tool schemas, scoring) differ from today's: the checkpoint was trained on
             other tasks, and one run would mix two experiments.
     """
+    for name in (*LOG_FILES, *RUN_FILES):
+        refuse_link(run_dir / name)
     run = {"harness": config.env.harness, "max_total_tokens": config.env.max_total_tokens}
     run.update(task_ids=list(task_ids), sampling=to_dict(config.sampling), seed=config.train.seed)
     run["warm_start"] = to_dict(config.warm_start)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from toolgym.core import Trajectory
+from toolgym.run_files import write_atomic
 from toolgym.training.grpo import informative
 
 __all__ = ["PassRateFilter", "reference_pool", "task_pool"]
@@ -178,6 +179,6 @@ async def task_pool(
                 max_total_tokens=env.max_total_tokens,
                 policy=policy,
             )
-        path.write_text(json.dumps({"task_ids": pool, "of": len(task_ids)}) + "\n", encoding="utf-8")
+        write_atomic(path, json.dumps({"task_ids": pool, "of": len(task_ids)}) + "\n")
     progress.line(f"task pool: {len(pool)} of {len(task_ids)} training tasks")
     return pool

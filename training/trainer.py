@@ -55,9 +55,11 @@ import torch
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
 from toolgym.errors import ConfigError
-from toolgym.procs import PROCESSES_FILE, descendants, record_processes, stop_leftovers
+from toolgym.procs import descendants, record_processes, stop_leftovers
 from toolgym.registry import check_id
+from toolgym.run_files import write_atomic
 from toolgym.trackers import Trackers
+from toolgym.training.batching import LossSums
 from toolgym.training.checkpoint import (
     capture_rng,
     load_checkpoint,
@@ -77,6 +79,7 @@ from toolgym.training.policies import Closable, build_policy, learner_model, req
 from toolgym.training.progress import RunProgress
 from toolgym.training.rewards import shaped_reward
 from toolgym.training.rollouts import EnvRoute, Group, RolloutWorkers, env_factory
+from toolgym.training.step_guard import StepGuard, nonfinite_logprobs
 from toolgym.training.step_log import (
     LOG_FILES,
     group_records,
@@ -189,13 +192,13 @@ class Trainer:
         self.step = 0
         self.curve_steps: list[int] = []  # steps with a held-out curve point
         self.collector = StepCollector(config, self.progress)
+        self.guard = StepGuard(self.run_dir, tc.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}
 
     def _start_policy(self) -> TrainablePolicy | ServedPolicy:
-        """Build the config's policy; list the processes it started in ``RUN/processes.json`` after
-        stopping those an earlier, killed run in this directory left running (see toolgym.procs)."""
-        record = self.run_dir / PROCESSES_FILE
-        if stopped := stop_leftovers(record):
+        """Build the config's policy; record the processes it started (a private per-user record, see
+        toolgym.procs) after stopping those an earlier, killed run in this directory left running."""
+        if stopped := stop_leftovers(self.run_dir):
             message = (
                 f"stopped {len(stopped)} process(es) an earlier run in {self.run_dir} started and left "
                 f"running when it was killed (pids {', '.join(map(str, stopped))}: its policy's engine)"
@@ -204,7 +207,7 @@ class Trainer:
             self.progress.line(message)
         before = descendants()
         policy = build_policy(self.config)
-        record_processes(record, descendants() - before)
+        record_processes(self.run_dir, descendants() - before)
         return policy
 
     # ------------------------------------------------------------------ state
@@ -228,6 +231,7 @@ class Trainer:
             "log_sizes": sizes,
             "warm_started": self.warm_started,
             "learners": self.learners.world,
+            "guard": self.guard.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -253,6 +257,7 @@ class Trainer:
                 f"resuming a checkpoint written with {saved_world} learner(s) on {self.learners.world}"
             )
         self.warm_started = bool(state.get("warm_started", False))
+        self.guard.load_state_dict(state.get("guard", {}))
         restore_rng(state["rng"])
         self.step = int(state["step"])
         version = int(state["policy_version"])
@@ -297,7 +302,7 @@ class Trainer:
     async def run(self) -> list[dict[str, float]]:
         """Train until ``train.steps``; returns this call's per-step metrics."""
         tc, hc = self.config.train, self.config.heldout
-        (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
+        write_atomic(self.run_dir / "config.json", json.dumps(to_dict(self.config), indent=2))
         write_train_manifest(
             self.run_dir,
             self.config,
@@ -356,6 +361,9 @@ class Trainer:
                     )
                     wait, t1 = time.perf_counter() - t0, time.perf_counter()
                     result = await self._learn(kept, workers)
+                    guarded = self.guard.observe(
+                        self.step + 1, result.skipped, [g.trajectories for g in kept]
+                    )
                     drawn = [*kept, *(g for g, why in dropped if why != "stale")]
                     # the mixture's weights and the task filter move before the next groups are admitted
                     self.sampler.observe([g.env for g in drawn], [g.trajectories for g in drawn])
@@ -379,6 +387,7 @@ class Trainer:
                         t_learn=time.perf_counter() - t1,
                         curriculum=curriculum,
                     )
+                    metrics.update(guarded)
                     # the curve before the next wave is admitted: no rollout runs beside it
                     if hc.every and self.step % hc.every == 0:
                         metrics.update({k: v for k, v in (await self._curve()).items() if k != "step"})
@@ -413,25 +422,35 @@ class Trainer:
             skip_zero_variance=tc.skip_zero_variance,
         )
         self.optimizer.zero_grad()
-        losses, reduced = await asyncio.to_thread(
-            self.learners.accumulate,  # one learner: accumulate_gradients itself
-            self.model,
-            self.optimizer,
-            plan,
-            config=self.config,
-            step=self.step + 1,
-            loss=tc.loss_config(),
-            micro_batch=tc.micro_batch,
-            temperature=self.config.sampling.temperature,
-            share_prefix=tc.share_prefix,
-            reference=self.reference,
-        )
+        skipped = "logprobs" if nonfinite_logprobs(plan) else ""  # NOTE (guard): training/step_guard.py
+        losses = LossSums()
+        reduced: dict[str, float] = {}
+        if not skipped:
+            losses, reduced = await asyncio.to_thread(
+                self.learners.accumulate,  # one learner: accumulate_gradients itself
+                self.model,
+                self.optimizer,
+                plan,
+                config=self.config,
+                step=self.step + 1,
+                loss=tc.loss_config(),
+                micro_batch=tc.micro_batch,
+                temperature=self.config.sampling.temperature,
+                share_prefix=tc.share_prefix,
+                reference=self.reference,
+            )
         lr = self.optimizer.lr
-        updated = bool(plan.samples)
-        if updated and workers is not None:
+        signal = bool(plan.samples)
+        if signal and workers is not None:
             await workers.drain(self.policy.policy_version)  # NOTE (determinism): see the module docstring
-        grad_norm, sync = await asyncio.to_thread(self._publish, plan) if updated else (0.0, {})
+        grad_norm = 0.0
+        sync: dict[str, float] = {}  # a step without signal, or skipped, publishes nothing
+        if signal and not skipped:
+            grad_norm, sync = await asyncio.to_thread(self._publish, plan, losses.finite())
+            if self.optimizer.last_skipped:
+                skipped = "gradient" if losses.finite() else "loss"
         self.optimizer.zero_grad()
+        updated = signal and not skipped
         return StepResult(
             advantages=plan.advantages,
             trained=plan.trained(),
@@ -444,10 +463,12 @@ class Trainer:
             lr=lr,
             updated=updated,
             sync={**sync, **reduced},
+            skipped=skipped,
         )
 
-    def _publish(self, plan: StepPlan) -> tuple[float, dict[str, float]]:
-        """Step and publish the weights as the next version (under the weights lock).
+    def _publish(self, plan: StepPlan, finite_loss: bool = True) -> tuple[float, dict[str, float]]:
+        """Step and publish the weights as the next version (under the weights lock); a step the
+        optimizer skipped (a non-finite loss or gradient) publishes nothing.
 
         NOTE (weight sync): an hf/tiny policy samples from this very module; the update and the version
         bump happen under its weights lock so that no completion mixes two weight versions. A vLLM
@@ -455,8 +476,10 @@ class Trainer:
         """
         with self._weights_lock:
             grad_norm = self.learners.optimizer_step(
-                self.model, self.optimizer, self.config.train.max_grad_norm
+                self.model, self.optimizer, self.config.train.max_grad_norm, finite_loss=finite_loss
             )
+            if self.optimizer.last_skipped:
+                return grad_norm, {}
             if self.weight_sync is not None:
                 return grad_norm, self.weight_sync.sync(self.model, self.policy.policy_version + 1)
             self.policy.policy_version += 1

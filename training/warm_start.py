@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
 from toolgym.errors import ConfigError, did_you_mean
+from toolgym.run_files import write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -148,7 +149,7 @@ class WarmStartResult:
 
     def write(self, run_dir: str | Path) -> Path:
         path = Path(run_dir) / "warm_start.json"
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")  # never through a planted link
         return path
 
 

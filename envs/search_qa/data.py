@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.core import Task
-from toolgym.data import UniqueIds, iter_records
+from toolgym.data import UniqueIds, iter_records, require_id, require_text
 from toolgym.errors import ConfigError
 from toolgym.splits import SplitItem, assign_splits, label_tasks, record_split
 from toolgym.tools.search.retriever import RetrieverSettings
@@ -103,6 +103,8 @@ def load_questions(path: str | Path) -> list[Task]:
     ids = UniqueIds(path, "question")
     for lineno, record in iter_records(path, required=("id", "question", "answers"), kind="question"):
         where = f"{path}:{lineno}"
+        qid = require_id(record, where, "question")
+        question = require_text(record, "question", where, "question")
         answers = record["answers"]
         if isinstance(answers, str):
             answers = [answers]
@@ -111,10 +113,8 @@ def load_questions(path: str | Path) -> list[Task]:
             or not answers
             or not all(isinstance(a, str) and a.strip() for a in answers)
         ):
-            raise ConfigError(
-                f"{where}: question {record['id']!r}: 'answers' must be a non-empty list of strings"
-            )
-        ids.add(str(record["id"]), lineno)
+            raise ConfigError(f"{where}: question {qid!r}: 'answers' must be a non-empty list of strings")
+        ids.add(qid, lineno)
         gold = record.get("gold_doc")
         if gold is not None and (isinstance(gold, bool) or not isinstance(gold, str | int)):
             raise ConfigError(
@@ -123,7 +123,7 @@ def load_questions(path: str | Path) -> list[Task]:
         meta = {k: v for k, v in record.items() if k not in ("id", "answers", "split")}
         if gold is not None:
             meta["gold_doc"] = str(gold)
-        tasks.append(Task(str(record["id"]), PROMPT.format(question=record["question"]), answers, meta))
+        tasks.append(Task(qid, PROMPT.format(question=question), answers, meta))
         explicit.append(record_split(record.get("split"), where))
         places.append(where)
     if not tasks:
@@ -135,9 +135,13 @@ def load_corpus(path: str | Path) -> list[dict[str, str]]:
     docs = []
     ids = UniqueIds(path, "document")
     for lineno, r in iter_records(path, required=("id", "text"), kind="document"):
-        doc_id = str(r["id"])
+        where = f"{path}:{lineno}"
+        doc_id = require_id(r, where, "document")
         ids.add(doc_id, lineno)
-        docs.append({"id": doc_id, "title": str(r.get("title", "")), "text": str(r["text"])})
+        title = r.get("title", "")
+        if not isinstance(title, str):
+            raise ConfigError(f"{where}: document 'title' must be a string, got {type(title).__name__}")
+        docs.append({"id": doc_id, "title": title, "text": require_text(r, "text", where, "document")})
     if not docs:
         raise ConfigError(f"{path}: no documents")
     return docs

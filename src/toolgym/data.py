@@ -10,7 +10,15 @@ from typing import Any
 
 from toolgym.errors import ConfigError
 
-__all__ = ["UniqueIds", "iter_jsonl", "iter_records", "json_error", "read_jsonl"]
+__all__ = [
+    "UniqueIds",
+    "iter_jsonl",
+    "iter_records",
+    "json_error",
+    "read_jsonl",
+    "require_id",
+    "require_text",
+]
 
 
 def json_error(exc: json.JSONDecodeError) -> str:
@@ -18,11 +26,20 @@ def json_error(exc: json.JSONDecodeError) -> str:
     return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
 
 
+class _NotJSON(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: Python's reader accepts them, JSON does not."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJSON(name)
+
+
 def iter_jsonl(path: str | Path, *, what: str = "file") -> Iterator[tuple[int, Any]]:
     """Yield ``(line number, parsed JSON)`` for each non-blank line of a JSONL (or ``.jsonl.gz``) file.
 
-    Raises :class:`~toolgym.errors.ConfigError` naming ``file:line`` for a line that is not JSON, and
-    naming the file when it is missing, unreadable or not UTF-8 (``what`` says what the file is).
+    Raises :class:`~toolgym.errors.ConfigError` naming ``file:line`` for a line that is not JSON (``NaN``
+    and ``Infinity`` included: they are not JSON, and a NaN would reach a reward) or that nests too
+    deeply to read, and naming the file when it is missing, unreadable or not UTF-8 (``what`` says what the file is).
     """
     path = Path(path)
     if not path.is_file():
@@ -34,9 +51,18 @@ def iter_jsonl(path: str | Path, *, what: str = "file") -> Iterator[tuple[int, A
                 if not line.strip():
                     continue
                 try:
-                    yield lineno, json.loads(line)
+                    yield lineno, json.loads(line, parse_constant=_refuse_constant)
                 except json.JSONDecodeError as exc:
                     raise ConfigError(f"{path}:{lineno}: not valid JSON ({json_error(exc)})") from None
+                except _NotJSON as exc:
+                    raise ConfigError(
+                        f"{path}:{lineno}: not valid JSON ({exc} is not a JSON value)"
+                    ) from None
+                except RecursionError:
+                    raise ConfigError(
+                        f"{path}:{lineno}: the record nests too deeply to read (arrays or objects inside "
+                        "each other hundreds of levels down); flatten it"
+                    ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (OSError, EOFError) as exc:
@@ -71,6 +97,28 @@ def read_jsonl(
     """The JSON objects of :func:`iter_records`, without their line numbers."""
     for _, record in iter_records(path, required=required, kind=kind):
         yield record
+
+
+def require_text(record: dict[str, Any], key: str, where: str, kind: str = "record") -> str:
+    """``record[key]`` if it is a non-empty string; :class:`ConfigError` naming ``where`` otherwise."""
+    value = record[key]
+    if not isinstance(value, str) or not value.strip():
+        got = "an empty string" if isinstance(value, str) else f"{type(value).__name__} {_short(value)}"
+        raise ConfigError(f"{where}: {kind} field {key!r} must be a non-empty string, got {got}")
+    return value
+
+
+def require_id(record: dict[str, Any], where: str, kind: str = "record") -> str:
+    """``record["id"]`` as a string: a string or an integer; :class:`ConfigError` naming ``where`` otherwise."""
+    value = record["id"]
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise ConfigError(f"{where}: {kind} 'id' must be a string or an integer, got {_short(value)}")
+    return str(value)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, dict | list) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class UniqueIds:

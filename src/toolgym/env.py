@@ -34,7 +34,9 @@ Failures (the rule is in :mod:`toolgym.errors`). :meth:`ToolEnv._run_tool` and
       counts in ``env/infra_retries``. When the retries run out the error propagates with the
       episode's metrics attached (``episode_metrics``) and the rollout marks the trajectory
       ``infra_error``; a verifier's becomes :class:`~toolgym.errors.VerificationUnavailable`;
-    * anything else (a verifier bug, a bug of ours) propagates at once, never retried or scored.
+    * anything else (a verifier bug, a bug of ours) propagates at once, never retried or scored; a
+      package missing under a tool (or under the parser's validation) is a
+      :class:`~toolgym.errors.MissingDependencyError` naming it, never an ``Error:`` shown to the model.
 
 A retried ``python`` call may run twice if its first try ran but its result was lost; a retried
 verification is harmless because verifiers are pure.
@@ -58,6 +60,7 @@ from toolgym.core import Message, Score, Task, Tool, Verifier, call_tool, tool_s
 from toolgym.errors import (
     ConfigError,
     InfraError,
+    MissingDependencyError,
     ToolError,
     ToolgymError,
     VerificationUnavailable,
@@ -424,7 +427,8 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
 
     async def _run_tool(self, tool: Tool, arguments: Any) -> str:
         # NOTE: the one try/except boundary: the model's mistakes (ToolError) become observations;
-        # InfraError is retried, then propagates; anything else (a bug) propagates at once.
+        # InfraError is retried, then propagates; anything else (a bug) propagates at once, a missing
+        # package as the MissingDependencyError that names it (never the model's "Error:").
         try:
             output = await self._retrying(f"tool {tool.name!r}", lambda: call_tool(tool, arguments))
         except ToolError as err:
@@ -432,6 +436,8 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             if err.tool is None:
                 err.tool = tool.name
             return err.observation()
+        except ImportError as exc:
+            raise MissingDependencyError.from_import_error(exc, f"The tool {tool.name!r}") from exc
         if len(output) > MAX_OBSERVATION_CHARS:
             cut = len(output) - MAX_OBSERVATION_CHARS
             output = output[:MAX_OBSERVATION_CHARS] + f"\n[... {cut} more characters not shown]"

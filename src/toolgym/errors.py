@@ -165,15 +165,35 @@ class ConfigError(ToolgymError):
 
 
 class MissingDependencyError(ConfigError, ImportError):
-    """An optional dependency is not installed; the message names the extra that provides it."""
+    """A dependency is not installed; the message names the extra that provides it.
 
-    def __init__(self, package: str, extra: str, purpose: str) -> None:
+    ``extra=None`` is a package toolgym's own dependencies need (``attrs`` under ``jsonschema``): the fix
+    is to install it, or to reinstall toolgym so that pip brings it.
+    """
+
+    def __init__(self, package: str, extra: str | None, purpose: str) -> None:
+        fix = (
+            f"pip install 'toolgym[{extra}]'"
+            if extra
+            else f"pip install {package} (or reinstall toolgym, whose dependencies need it)"
+        )
         super().__init__(
-            f"{purpose} needs the Python package {package!r}, which is not installed. "
-            f"Fix: pip install 'toolgym[{extra}]'"
+            f"{purpose} needs the Python package {package!r}, which is not installed. Fix: {fix}"
         )
         self.package = package
         self.extra = extra
+
+    @classmethod
+    def from_import_error(cls, exc: ImportError, purpose: str) -> MissingDependencyError:
+        """The error for an import that failed under ``purpose`` (the package named by ``exc``).
+
+        A missing package is never the model's mistake: code that catches an ``ImportError`` on the
+        model's path (the parser, a tool call) raises this instead of showing the model an error.
+        """
+        if isinstance(exc, MissingDependencyError):
+            return exc
+        name = (exc.name or str(exc) or "unknown").split(".")[0]
+        return cls(name, None, purpose)
 
 
 class VerifierError(ToolgymError):

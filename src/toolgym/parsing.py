@@ -1,4 +1,5 @@
-"""Tool-call parsing: assistant text -> :class:`ParsedTurn`. Total: it never raises.
+"""Tool-call parsing: assistant text -> :class:`ParsedTurn`. Total over what a model writes: it never
+raises for the model's text (a fault of ours, such as a missing package, does raise: see :func:`parse`).
 
 Default format (Hermes / Qwen)::
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from toolgym.data import json_error
-from toolgym.errors import ToolParseError, did_you_mean
+from toolgym.errors import InfraError, MissingDependencyError, ToolParseError, did_you_mean
 
 __all__ = [
     "HERMES",
@@ -214,15 +215,24 @@ def parse(
         call_format: the syntax calls are written in (default :data:`HERMES`).
 
     Returns:
-        A :class:`ParsedTurn`. Never raises.
+        A :class:`ParsedTurn`: whatever the model wrote, its mistakes are values, never exceptions.
+
+    Raises:
+        MissingDependencyError: a package the validation needs is not installed (ours to fix; showing
+            the model an error for it would score every episode 0 and blame the model).
+        InfraError: the parser itself failed (a toolgym bug): the episode ends as ``infra_error``,
+            never scored or trained on, and a run that keeps hitting it stops (``InfraDown``).
     """
     try:
         syntax = HERMES if call_format is None else call_format
         return _parse(text, tools, max_calls=max_calls, max_call_chars=max_call_chars, syntax=syntax)
-    except Exception as exc:  # noqa: BLE001 - the parser is total by contract; this is the one guard
-        return ParsedTurn(
-            content="", errors=(ToolParseError(f"could not parse the turn ({type(exc).__name__})"),)
-        )
+    except ImportError as exc:
+        raise MissingDependencyError.from_import_error(exc, "Validating a tool call's arguments") from exc
+    except Exception as exc:  # noqa: BLE001 - a bug of ours is never the model's parse error
+        raise InfraError(
+            f"the tool-call parser failed on this turn ({type(exc).__name__}: {exc}); this is a toolgym "
+            "bug, not the model's mistake, so the episode is not scored"
+        ) from exc
 
 
 def _parse(
@@ -289,12 +299,12 @@ def _split_blocks(text: str, errors: list[ToolParseError]) -> tuple[list[str], s
             outside.append(text[pos:])
             break
         outside.append(text[pos:start])
-        end = text.find(CLOSE, start)
+        end, whole = _call_end(text, start + len(OPEN))
         if end == -1:
             errors.append(ToolParseError(f"unclosed {OPEN} tag: end the call with {CLOSE}"))
             break
         body = text[start + len(OPEN) : end]
-        if OPEN in body:
+        if not whole and OPEN in body:
             errors.append(ToolParseError(f"nested {OPEN} tags: put one JSON object in each {OPEN}...{CLOSE}"))
             depth_end = end + len(CLOSE)
             # Skip the outer block entirely, including a second closing tag if the nesting had one.
@@ -306,6 +316,33 @@ def _split_blocks(text: str, errors: list[ToolParseError]) -> tuple[list[str], s
         bodies.append(body)
         pos = end + len(CLOSE)
     return bodies, "".join(outside)
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _call_end(text: str, body_start: int) -> tuple[int, bool]:
+    """Where the call opened at ``body_start`` ends (the index of its ``</tool_call>``, -1 if unclosed),
+    and whether its body is one whole JSON object.
+
+    A body that starts with a JSON object which decodes completely and is followed by the closing tag
+    ends there, so a literal ``</tool_call>`` (or ``<tool_call>``) inside one of its strings is text,
+    not a tag; any other body ends at the first closing tag, as it always did.
+    """
+    i = body_start
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    if text.startswith("{", i):
+        try:
+            _, j = _DECODER.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            pass
+        else:
+            while j < len(text) and text[j] in " \t\r\n":
+                j += 1
+            if text.startswith(CLOSE, j):
+                return j, True
+    return text.find(CLOSE, body_start), False
 
 
 def _parse_call(
@@ -336,6 +373,9 @@ def _parse_call(
     except json.JSONDecodeError as exc:
         line = f" of line {exc.lineno}" if exc.lineno > 1 else ""  # a one-line call needs no line number
         errors.append(ToolParseError(f"tool call is not valid JSON: {json_error(exc)}{line}"))
+        return None
+    except RecursionError:  # the model's text, however deep, is the model's mistake
+        errors.append(ToolParseError("tool call nests too deeply: write a flat JSON object"))
         return None
     if not isinstance(obj, dict):
         errors.append(ToolParseError(f"tool call must be a JSON object {shape}, got {_json_type(obj)}"))
@@ -371,10 +411,14 @@ def _parse_call(
     if not isinstance(arguments, dict):
         errors.append(ToolParseError(f"{args} must be a JSON object, got {_json_type(arguments)}", tool=name))
         return None
-    if _has_surrogates(json.dumps(arguments, ensure_ascii=False)):
-        errors.append(ToolParseError("arguments contain invalid Unicode (a lone surrogate)", tool=name))
+    try:
+        if _has_surrogates(json.dumps(arguments, ensure_ascii=False)):
+            errors.append(ToolParseError("arguments contain invalid Unicode (a lone surrogate)", tool=name))
+            return None
+        problem = schema_problem(arguments, tools[name])
+    except RecursionError:
+        errors.append(ToolParseError("arguments nest too deeply: write a flat JSON object", tool=name))
         return None
-    problem = schema_problem(arguments, tools[name])
     if problem:
         errors.append(ToolParseError(problem, tool=name))
         return None

@@ -15,7 +15,7 @@ import numpy as np
 
 from toolgym.core import Message
 
-__all__ = ["MessagesSpace", "TextSpace"]
+__all__ = ["MAX_ACTION_CHARS", "MessagesSpace", "TextSpace"]
 
 
 class MessagesSpace(gymnasium.spaces.Space[list[Message]]):
@@ -52,10 +52,14 @@ class MessagesSpace(gymnasium.spaces.Space[list[Message]]):
         return isinstance(other, MessagesSpace)
 
 
+#: The longest action an environment's action space admits (and every server accepts).
+MAX_ACTION_CHARS = 1_000_000
+
+
 class TextSpace(gymnasium.spaces.Space[str]):
     """Action space: any string up to ``max_length`` characters (the assistant's raw text)."""
 
-    def __init__(self, max_length: int = 1_000_000, seed: int | None = None) -> None:
+    def __init__(self, max_length: int = MAX_ACTION_CHARS, seed: int | None = None) -> None:
         super().__init__(shape=None, dtype=None, seed=seed)
         self.max_length = max_length
 

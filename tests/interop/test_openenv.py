@@ -11,12 +11,14 @@ from golden import SCRIPTS, canonical, golden_path, play
 from openenv.core.generic_client import GenericEnvClient
 from servers import uvicorn_thread
 
-from toolgym.interop.openenv import openenv_app
+from toolgym.serving.guards import uvicorn_options
+from toolgym.serving.openenv_server import openenv_app
 
 
 @contextmanager
 def openenv_server(env_id: str) -> Iterator[str]:
-    with uvicorn_thread(openenv_app(env_id, max_sessions=4)) as url:
+    """The server ``toolgym serve --openenv`` runs (guards and connection rules included)."""
+    with uvicorn_thread(openenv_app(env_id, max_sessions=4), **uvicorn_options()) as url:
         yield url
 
 
@@ -52,12 +54,20 @@ def test_openenv_client_replays_the_golden_trace(env_id: str) -> None:
     assert text == golden_path(env_id).read_text(encoding="utf-8")
 
 
-def test_openenv_serving_stays_on_loopback() -> None:
+def test_openenv_serving_beyond_loopback_needs_a_token() -> None:
     from toolgym.errors import ConfigError
     from toolgym.serving.server import serve_command
 
-    with pytest.raises(ConfigError, match="OpenEnv's protocol, whose clients send no credentials"):
-        serve_command("toolgym/SearchQA-v0", {}, host="0.0.0.0", token="t", openenv=True)
+    with pytest.raises(ConfigError, match="without a bearer token: pass --token"):
+        serve_command("toolgym/SearchQA-v0", {}, host="0.0.0.0", openenv=True)
+
+
+@pytest.mark.parametrize("bad", [{"max_sessions": 0}, {"session_timeout": 0}])
+def test_openenv_app_settings_are_checked(bad: dict[str, Any]) -> None:
+    from toolgym.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        openenv_app("toolgym/SearchQA-v0", **bad)
 
 
 def test_unlock_rules_reach_the_environment_through_the_adapter() -> None:

@@ -622,7 +622,7 @@ def test_an_arm_killed_outright_has_its_policys_processes_stopped(tmp_path: Path
     import time
 
     from toolgym.errors import RunStopped
-    from toolgym.procs import start_time
+    from toolgym.procs import describe, process_record
     from toolgym.training.arms_run import train_arm_process
 
     here = Path(__file__).resolve().parent
@@ -637,7 +637,7 @@ def test_an_arm_killed_outright_has_its_policys_processes_stopped(tmp_path: Path
 
     thread = threading.Thread(target=run)
     thread.start()
-    record, deadline = arm / "processes.json", time.monotonic() + 120
+    record, deadline = process_record(arm), time.monotonic() + 120
     while not (arm / "metrics.jsonl").exists():  # the arm's trainer listed its policy's processes by now
         assert thread.is_alive() and time.monotonic() < deadline
         time.sleep(0.2)
@@ -645,7 +645,7 @@ def test_an_arm_killed_outright_has_its_policys_processes_stopped(tmp_path: Path
     # a stand-in for the vLLM engine a killed arm leaves behind (the tiny policy starts none)
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
-        listed["processes"] = [{"pid": engine.pid, "started": start_time(engine.pid)}]
+        listed["processes"] = [describe(engine.pid)]
         record.write_text(json.dumps(listed))
         os.kill(listed["owner"]["pid"], signal.SIGKILL)  # as the out-of-memory killer does
         thread.join(timeout=60)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,8 @@ def train(
         OMP_NUM_THREADS="1",
         **(env or {}),
     )
+    if torchrun:  # torchrun's ranks prove a secret the user exports on every node
+        environ.setdefault("TOOLGYM_LEARNER_SECRET", secrets.token_hex(32))
     head = (
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun}"]
         if torchrun

@@ -118,3 +118,97 @@ def test_report_shows_the_heldout_table_and_the_warm_start(tmp_path: Path) -> No
     )
     assert "split <b>test</b>" in page and page.index("Held-out evaluation") < page.index("<h2>Curves</h2>")
     assert "27 kept from\n27 tasks" in page and "1.500, 0.750" in page
+
+
+SCRIPT = "<script>alert(1)</script>"
+
+
+def _planted_run(run: Path) -> None:
+    """A run directory whose every text field the report shows holds markup (planted, or just odd)."""
+    import json
+
+    run.mkdir(parents=True, exist_ok=True)
+    metrics = {"step": 1.0, "reward/mean": SCRIPT, "groups/drawn": 2.0, "groups/informative": SCRIPT}
+    (run / "metrics.jsonl").write_text(json.dumps(metrics) + "\n")
+    trajectory = {
+        "task_id": SCRIPT,
+        "reward": SCRIPT,
+        "status": SCRIPT,
+        "allowed_tools": [SCRIPT, "answer"],
+        "stop_reason": SCRIPT,
+        "loss_mask": [0, 1],
+        "segments": [],
+        "messages": [
+            {"role": "user", "name": SCRIPT, "content": SCRIPT},
+            {"role": "assistant", "content": SCRIPT},
+        ],
+    }
+    record = {"step": SCRIPT, "advantage": SCRIPT, "trained": True, "trajectory": trajectory}
+    (run / "trajectories.jsonl").write_text(json.dumps(record) + "\n")
+    event = {"step": SCRIPT, "from": SCRIPT, "to": 0, "signal": SCRIPT, "tools": [SCRIPT]}
+    (run / "curriculum.jsonl").write_text(json.dumps(event) + "\n")
+    (run / "config.json").write_text(json.dumps({"curriculum": {"stages": [[SCRIPT]]}, "x": SCRIPT}))
+    warm = {"sampled": SCRIPT, "kept": SCRIPT, "tasks_with_success": SCRIPT, "tasks": SCRIPT}
+    warm |= {"mean_reward": SCRIPT, "mean_kept_reward": 1.0, "epoch_losses": [SCRIPT], "tokens": SCRIPT}
+    (run / "warm_start.json").write_text(json.dumps({**warm, "seconds": SCRIPT, "tools": [SCRIPT]}))
+    (run / "heldout").mkdir(exist_ok=True)
+    row = {"harness": SCRIPT, "base": SCRIPT, "trained": 0.1, "diff": 0.1, "ci": [SCRIPT, 0.2]}
+    summary = {"env_id": SCRIPT, "split": SCRIPT, "metric": SCRIPT, "n": SCRIPT, "tracks": [row]}
+    summary |= {"tools": [SCRIPT], "reused": {SCRIPT: SCRIPT}}
+    (run / "heldout" / "summary.json").write_text(json.dumps(summary))
+    curve = {"step": SCRIPT, "heldout_curve/bare/reward": SCRIPT}
+    (run / "heldout_curve.jsonl").write_text(json.dumps(curve) + "\n")
+
+
+def test_every_field_the_report_shows_is_escaped(tmp_path: Path) -> None:
+    """Each run-file value reaches the page as text: planted markup never becomes markup."""
+    from toolgym.training.report import write_report
+
+    run = tmp_path / "<u>run"  # the folder's name is shown too
+    _planted_run(run)
+    page = write_report(run).read_text()
+    assert "<script" not in page and "<u>" not in page and "&lt;u&gt;run" in page
+    shown = page.count("&lt;script&gt;alert(1)&lt;/script&gt;")
+    # stop_reason, allowed_tools, status, task, reward, step, advantage, a message's name and content
+    # (twice), curriculum step/from/signal/tools, stages, warm start fields, held-out fields, config
+    assert shown >= 25, shown
+    viewer = page[page.index('<div id="trajectories">') :]
+    for field in ("stopped: &lt;script&gt;", "tools &lt;script&gt;alert(1)&lt;/script&gt;, answer"):
+        assert field in viewer
+    assert viewer.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 9
+
+
+def test_every_field_the_arms_report_shows_is_escaped(tmp_path: Path) -> None:
+    import json
+
+    from toolgym.errors import ConfigError
+    from toolgym.training.arms_report import write_arms_report
+
+    out = tmp_path / "arms"
+    _planted_run(out / "a")
+    arm = {"name": "a", "description": SCRIPT, "set": [SCRIPT], "command": SCRIPT}
+    plan = {"arms": [arm], "baseline": SCRIPT, "description": SCRIPT, "config": SCRIPT, "notes": [SCRIPT]}
+    (out / "arms_plan.json").write_text(json.dumps(plan))
+    comparison = {"arm": "a", "track": SCRIPT, "diff": SCRIPT, "ci": [SCRIPT, 0.1], "p_holm": SCRIPT}
+    results = {
+        "tracks": [SCRIPT],
+        "arms": ["a"],
+        "baseline": SCRIPT,
+        "comparisons": [comparison],
+        "rewards": {"a": {SCRIPT: SCRIPT}},
+        "correction": {"resamples": SCRIPT, "interval_level": SCRIPT, "family": SCRIPT, "alpha": SCRIPT},
+        "heldout": {"env_id": SCRIPT, "split": SCRIPT, "n": SCRIPT, "seed": SCRIPT, "metric": SCRIPT},
+    }
+    arms = {"results": results, "arms": [{"name": "a", "status": SCRIPT, "wall_s": SCRIPT}]}
+    (out / "arms.json").write_text(json.dumps({**arms, "untrained": {SCRIPT: {SCRIPT: SCRIPT}}}))
+    page = write_arms_report(out).read_text()
+    assert "<script" not in page
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 25
+    assert "<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>" in page  # the arm's status
+    assert "<script" not in (out / "a" / "report.html").read_text()
+    # an arm name that is a path or a URL is refused before anything is written
+    for name in ("../elsewhere", "javascript:alert(1)"):
+        (out / "arms_plan.json").write_text(json.dumps({**plan, "arms": [{**arm, "name": name}]}))
+        with pytest.raises(ConfigError, match="names an arm"):
+            write_arms_report(out)
+    assert not (tmp_path / "elsewhere").exists()

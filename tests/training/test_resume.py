@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from toolgym.procs import start_time
+from toolgym.procs import describe, process_record
 
 HERE = Path(__file__).resolve().parent
 OVERRIDES = [
@@ -100,13 +100,14 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_run(
     assert proc.returncode == -signal.SIGKILL
     steps_at_kill = len(metrics_file.read_text().splitlines())
     assert steps_at_kill < 6
-    # The run lists the processes its policy started (none for the tiny policy); stand in a process
-    # for a vLLM engine a killed run leaves behind: the rerun must stop it.
-    record = json.loads((killed / "processes.json").read_text())
+    # The run lists the processes its policy started (none for the tiny policy) in its private record;
+    # stand in a process for a vLLM engine a killed run leaves behind: the rerun must stop it.
+    assert not (killed / "processes.json").exists()  # never in the run directory
+    record = json.loads(process_record(killed).read_text())
     assert record["owner"]["pid"] == killed_pid and record["processes"] == []
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    record["processes"] = [{"pid": leftover.pid, "started": start_time(leftover.pid)}]
-    (killed / "processes.json").write_text(json.dumps(record))
+    record["processes"] = [describe(leftover.pid)]
+    process_record(killed).write_text(json.dumps(record))
 
     proc = start(killed, overrides)  # same command: it resumes from killed/checkpoint.pt
     try:

@@ -23,6 +23,15 @@ time limit or its owner, or to tamper with the trusted harness that scores it. T
   so what the kernel counts per user (descriptors in flight, inotify instances, pipe buffers) one
   container spends, no other container loses.
 
+Accepted residual (decided, not an oversight). A container reused for one-shot runs shares two kinds
+of *metadata* between consecutive runs, never content: counters that only grow (the next pid number,
+inode numbers of new files) and the cgroup's peak-memory figure (``memory.peak``). A run can learn from
+them roughly how many processes or files earlier runs made and how much memory the largest used: no
+code, input, output, file or test of another run, and nothing that changes a score (the hidden tests
+run in a fresh container per verification, see ``envs/code_exec``). Closing it would cost a fresh
+container per run (the latency the resident runner exists to save); a deployment that needs runs
+unable to see each other's footprint sets ``one_shot = "exec"`` (a never-used container per run).
+
 Modules: ``docker_sandbox`` (:class:`DockerSandbox`: warm pool, one-shot runs, sessions) ·
 ``resident`` (one-shot runs through a resident runner, the container measured back at its baseline) ·
 ``session`` (one container per episode) · ``policy`` (container hardening, a uid per container) ·

@@ -300,7 +300,9 @@ def cmd_reverify(args: argparse.Namespace) -> int:
         updaters[name](done, total)
 
     try:
-        report = reverify_run(args.run_dir, progress=progress, examples=args.examples)
+        report = reverify_run(
+            args.run_dir, progress=progress, examples=args.examples, allow_import=args.allow_import
+        )
     finally:
         bar.stop()
     table = Table(title=f"re-verification of {args.run_dir} with today's environments")

@@ -139,6 +139,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, default=2, help="exports to keep in RUN_DIR/export (newest first)")
     p.set_defaults(func=cmd_export)
 
+    p = sub.add_parser("checkpoint", help="training checkpoints: convert one an older toolgym wrote")
+    checkpoint = p.add_subparsers(title="checkpoint commands")
+    p = checkpoint.add_parser(
+        "upgrade",
+        help="rewrite RUN_DIR/checkpoint.pt of an older toolgym as tensors and plain values (runs no code "
+        "from the file; anything an older toolgym did not write is refused)",
+    )
+    p.add_argument("run_dir", type=Path)
+    p.set_defaults(func=cmd_checkpoint_upgrade)
+
     p = sub.add_parser("play", help="play an environment by hand: you type the agent's turns")
     p.add_argument("env", help="environment id")
     p.add_argument("--seed", type=int, default=0)
@@ -164,7 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--openenv",
         action="store_true",
-        help="speak OpenEnv's protocol with OpenEnv's own server (extra toolgym[openenv]); loopback only",
+        help="speak OpenEnv's protocol with OpenEnv's own server (extra toolgym[openenv]), same guards",
     )
     _add_env_options(p)
     p.set_defaults(func=cmd_serve)
@@ -258,6 +268,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_dir", type=Path, help="a `toolgym train --out` or `toolgym eval --out` directory")
     p.add_argument("--examples", type=int, default=5, help="changed episodes to show per source")
+    p.add_argument(
+        "--allow-import",
+        action="store_true",
+        help="build environments the stored files name in module:id form, importing (running) that module; "
+        "only for a run directory you trust",
+    )
     p.set_defaults(func=cmd_reverify)
 
     p = sub.add_parser(
@@ -414,6 +430,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     run_dir = train_command(args.config, [*args.overrides, *backend], args.out)
     print(f"run written to {run_dir}; next: toolgym report {run_dir}")
+    return 0
+
+
+def cmd_checkpoint_upgrade(args: argparse.Namespace) -> int:
+    from toolgym.training.checkpoint import upgrade_checkpoint
+
+    if upgrade_checkpoint(args.run_dir):
+        print(f"checkpoint upgraded: {args.run_dir / 'checkpoint.pt'}; rerun the command that trains into it")
+    else:
+        print(f"{args.run_dir / 'checkpoint.pt'} is already in today's form: nothing to do")
     return 0
 
 

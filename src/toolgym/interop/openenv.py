@@ -18,35 +18,40 @@ observation carries the two), its ``episode_id`` is only recorded (toolgym choos
 ``task_id``), and its ``timeout_s`` is ignored (each toolgym tool has its own time limit). Errors:
 an exception the environment raises is OpenEnv's server error response (``InfraError`` and verifier
 bugs alike); use ``toolgym serve`` without ``--openenv`` where that distinction must reach the client.
+
+Serving it: ``toolgym serve ENV_ID --openenv`` runs OpenEnv's application behind toolgym's guards
+(:mod:`toolgym.serving.openenv_server`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from toolgym.errors import MissingDependencyError
+from toolgym.spaces import MAX_ACTION_CHARS
 
-__all__ = ["OpenEnvAdapter", "ToolgymAction", "ToolgymObservation", "openenv_app"]
+__all__ = ["MAX_ACTION_CHARS", "OpenEnvAdapter", "ToolgymAction", "ToolgymObservation"]
 
 
-def _openenv() -> tuple[Any, Any, Any, Any]:
+def _openenv() -> tuple[Any, Any, Any, Any, Any]:
     try:
         from openenv.core.env_server.interfaces import Environment
         from openenv.core.env_server.types import Action, Observation, State
+        from pydantic import Field  # OpenEnv's messages are pydantic models
     except ImportError as exc:
         raise MissingDependencyError("openenv-core", "openenv", "the OpenEnv adapter") from exc
-    return Environment, Action, Observation, State
+    return Environment, Action, Observation, State, Field
 
 
-_Environment, _Action, _Observation, _State = _openenv()
+_Environment, _Action, _Observation, _State, _Field = _openenv()
 
 
 class ToolgymAction(_Action):  # type: ignore[misc, valid-type]
     """One assistant turn, as raw text (tool calls in the environment's ``<tool_call>`` format)."""
 
-    text: str
+    text: str = _Field(max_length=MAX_ACTION_CHARS)
 
 
 class ToolgymObservation(_Observation):  # type: ignore[misc, valid-type]
@@ -157,12 +162,3 @@ class OpenEnvAdapter(_Environment):  # type: ignore[misc, valid-type]
 
 def _plain(info: Any) -> dict[str, Any]:
     return dict(json.loads(json.dumps(info, default=str)))
-
-
-def openenv_app(env_id: str, env_kwargs: Mapping[str, Any] | None = None, *, max_sessions: int = 64) -> Any:
-    """OpenEnv's own FastAPI application serving ``env_id`` (one :class:`OpenEnvAdapter` per session)."""
-    from openenv.core.env_server.http_server import create_fastapi_app
-
-    kwargs = dict(env_kwargs or {})
-    factory: Callable[[], OpenEnvAdapter] = lambda: OpenEnvAdapter(env_id, kwargs)  # noqa: E731
-    return create_fastapi_app(factory, ToolgymAction, ToolgymObservation, max_concurrent_envs=max_sessions)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import ConfigError
+from toolgym.run_files import write_atomic
 
 __all__ = [
     "MANIFEST",
@@ -197,7 +198,7 @@ def run_manifest(
 
 def write_run_manifest(out_dir: str | Path, manifest: Mapping[str, Any]) -> Path:
     path = Path(out_dir) / MANIFEST
-    path.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps(manifest, indent=2, default=str) + "\n")  # never through a planted link
     return path
 
 

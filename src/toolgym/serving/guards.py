@@ -6,7 +6,9 @@ assumes hostile clients, including a web page in the user's own browser:
 * **Connections.** A connection with no request in progress (just opened, between requests, or
   still sending a request's head) is closed after ``idle_timeout`` seconds, so idle or half-sent
   connections cannot pile up until the server runs out of descriptors. At most
-  :data:`MAX_CONNECTIONS` are served at once (uvicorn answers 503 past it).
+  :data:`MAX_CONNECTIONS` are served at once (uvicorn answers 503 past it). A connection upgraded to a
+  WebSocket leaves this rule at the upgrade (its server closes it when idle, and uvicorn pings it); a
+  WebSocket message is capped at :data:`MAX_BODY_BYTES` like a body (close code 1009 past it).
 * **Bodies.** A body longer than :data:`MAX_BODY_BYTES` is refused (413) from its
   ``Content-Length`` before a byte of it is read, or as soon as it grows past the limit while being
   read (chunked); the whole body must arrive within ``body_timeout`` seconds (408). Both close the
@@ -15,20 +17,28 @@ assumes hostile clients, including a web page in the user's own browser:
   to another origin without a CORS preflight (``text/plain``, forms, none at all) never reach a
   session. On a loopback bind, the ``Host`` header must name a loopback host and an ``Origin``
   header, when sent, a loopback origin (403): a page on another origin, or one whose own name was
-  rebound to 127.0.0.1 (DNS rebinding), cannot drive the server.
-* **JSON.** Strictly UTF-8, no ``NaN``/``Infinity``, nesting within the parser's limits, and the
-  shared reset arguments of the right type and range (:func:`check_reset_args`): anything else is a
-  400 with a message, never a 500 (which a client reads as an environment bug).
+  rebound to 127.0.0.1 (DNS rebinding), cannot drive the server. A WebSocket upgrade is checked the
+  same way (:func:`check_browser` with ``GET``): browsers send ``Origin`` on every upgrade.
+* **Token.** With a bearer token, every request but the health check carries
+  ``Authorization: Bearer TOKEN`` (:func:`check_token`, 401).
+* **JSON.** Strictly UTF-8, no ``NaN``/``Infinity`` (nor a number too large for a float), nesting
+  within the parser's limits, and the shared reset arguments of the right type and range
+  (:func:`check_reset_args`): anything else is a 400 with a message, never a 500 (which a client
+  reads as an environment bug).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import json
+import math
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
+
+from toolgym.spaces import MAX_ACTION_CHARS  # the longest action (characters) a step may carry
 
 __all__ = [
     "BODY_TIMEOUT_S",
@@ -39,14 +49,13 @@ __all__ = [
     "Refused",
     "check_browser",
     "check_reset_args",
+    "check_token",
     "is_loopback",
     "parse_json",
     "read_body",
     "uvicorn_options",
 ]
 
-#: The longest action (characters) a step may carry.
-MAX_ACTION_CHARS = 1_000_000
 #: The longest request body: an action of MAX_ACTION_CHARS characters, each escaped, plus the rest.
 MAX_BODY_BYTES = 4 * MAX_ACTION_CHARS + 4096
 #: Seconds a connection may go without a request in progress (its head included).
@@ -100,6 +109,15 @@ def check_browser(method: str, headers: Mapping[str, str], *, loopback: bool) ->
             )
 
 
+def check_token(headers: Mapping[str, str], token: str | None) -> None:
+    """Refuse (401) a request without ``Authorization: Bearer token``; nothing to check without a token."""
+    if token is None:
+        return
+    given = headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise Refused(401, "Unauthorized", "a bearer token is required: Authorization: Bearer TOKEN")
+
+
 async def read_body(request: Any, *, limit: int = MAX_BODY_BYTES, timeout: float = BODY_TIMEOUT_S) -> bytes:
     """The request's body: refused past ``limit`` bytes (413) or ``timeout`` seconds (408)."""
     declared = request.headers.get("content-length", "")
@@ -130,10 +148,17 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):  # 1e999: Infinity spelled as a number
+        raise ValueError(f"the number {literal:.40} is out of range")
+    return value
+
+
 def parse_json(raw: bytes) -> dict[str, Any]:
     """A JSON object from a request body; :class:`ValueError` (a 400) for anything else."""
     try:
-        data = json.loads(raw.decode("utf-8") or "{}", parse_constant=_no_constant)
+        data = json.loads(raw.decode("utf-8") or "{}", parse_constant=_no_constant, parse_float=_finite)
     except UnicodeDecodeError as exc:
         raise ValueError(f"the request body is not UTF-8 ({exc})") from exc
     except RecursionError:
@@ -176,6 +201,7 @@ def uvicorn_options(*, idle_timeout: float = IDLE_TIMEOUT_S) -> dict[str, Any]:
         "http": guarded_protocol(idle_timeout),
         "timeout_keep_alive": max(1, round(idle_timeout)),
         "limit_concurrency": MAX_CONNECTIONS,
+        "ws_max_size": MAX_BODY_BYTES,
     }
 
 
@@ -185,7 +211,9 @@ def guarded_protocol(idle_timeout: float) -> type:
     A timer runs whenever no request is in progress: from the connection's start and from the end of
     each response. When it fires before a request's head is complete, the connection is closed. (uvicorn
     alone closes idle kept-alive connections only after a first response, and never a connection whose
-    head stops half-way.)
+    head stops half-way.) The timer stops for good when the connection is upgraded to a WebSocket: the
+    transport then belongs to the WebSocket protocol, whose messages this timer never sees, so it would
+    cut a WebSocket in use ``idle_timeout`` seconds after its upgrade.
     """
     base: type
     try:
@@ -214,9 +242,17 @@ def guarded_protocol(idle_timeout: float) -> type:
             super().on_response_complete()
             self._arm()
 
-        def connection_lost(self, exc: Exception | None) -> None:
+        def _disarm(self) -> None:
             if self._idle is not None:
                 self._idle.cancel()
+                self._idle = None
+
+        def handle_websocket_upgrade(self, *args: Any) -> None:
+            self._disarm()
+            super().handle_websocket_upgrade(*args)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
             super().connection_lost(exc)
 
     return GuardedProtocol

@@ -426,11 +426,6 @@ def serve_command(
     Raises:
         SystemExit: with status 128 + the signal's number, after a clean shutdown on SIGTERM/SIGINT.
     """
-    if openenv and not is_loopback(host):
-        raise ConfigError(
-            "--openenv serves OpenEnv's protocol, whose clients send no credentials: bind 127.0.0.1 and put "
-            "an authenticating proxy in front for other machines"
-        )
     if not is_loopback(host) and not token:
         raise ConfigError(
             f"refusing to serve {env_id} on {host}, which other machines can reach, without a bearer token: "
@@ -441,10 +436,18 @@ def serve_command(
     except ImportError as exc:
         raise MissingDependencyError("uvicorn", "serve", "toolgym serve") from exc
     if openenv:
-        from toolgym.interop.openenv import OpenEnvAdapter, openenv_app
+        from toolgym.interop.openenv import OpenEnvAdapter
+        from toolgym.serving.openenv_server import openenv_app
 
         OpenEnvAdapter(env_id, env_kwargs).close()  # a broken environment fails here, not on a client
-        app = openenv_app(env_id, env_kwargs, max_sessions=max_sessions)
+        app = openenv_app(
+            env_id,
+            env_kwargs,
+            max_sessions=max_sessions,
+            session_timeout=session_timeout,
+            token=token,
+            host=host,
+        )
     else:
         server = EnvServer(env_id, env_kwargs, max_sessions=max_sessions, session_timeout=session_timeout)
         server.info()  # build the environment once now: a broken one fails here, not on the first client
