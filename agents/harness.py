@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from toolgym.agents.compaction import CompactingHarness, CompactionConfig
 from toolgym.call_formats import get_call_format
 from toolgym.core import Harness, Message
 from toolgym.errors import ConfigError, did_you_mean
@@ -134,6 +135,5 @@ def get_harness(name: str) -> Harness:
             f"unknown harness option {suffix!r} in {name!r}.{did_you_mean(suffix, COMPACTION_SUFFIXES)} "
             f"Options: {', '.join('+' + s for s in COMPACTION_SUFFIXES)}"
         )
-    from toolgym.agents.compaction import CompactingHarness, CompactionConfig
 
     return CompactingHarness(harness, CompactionConfig(mode=COMPACTION_SUFFIXES[suffix]))  # type: ignore[arg-type]

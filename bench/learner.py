@@ -49,15 +49,15 @@ import threading
 import time
 from pathlib import Path
 
-from toolgym.agents.chat import IM_END
-from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.chat.chatml import IM_END
+from toolgym.agents.policies.base import ScriptedPolicy
 from toolgym.agents.rollout import read_trajectories, run_episode, write_trajectories
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.training.config import load_config
-from toolgym.training.grpo import StepPlan, accumulate_gradients, plan_step
-from toolgym.training.learners import LearnerGroup
-from toolgym.training.lora import trainable_count
-from toolgym.training.rollouts import make_env
+from toolgym.training.distributed.learners import LearnerGroup
+from toolgym.training.learn.grpo import StepPlan, accumulate_gradients, plan_step
+from toolgym.training.learn.lora import trainable_count
+from toolgym.training.sampling.workers import make_env
 from toolgym.training.trainer import Trainer
 
 TOOLS = ["answer", "search"]

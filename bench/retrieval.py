@@ -243,8 +243,8 @@ RETRIEVER_ARGS = ("retriever", "encoder", "query_prefix", "passage_prefix")
 
 def agents(runs: Sequence[Path]) -> None:
     """Paired reward differences of eval runs that differ only in the retriever (module docstring)."""
-    from toolgym.agents.eval_runs import COMPARE_FIELDS, load_eval_run, paired_rewards, pooled_comparison
-    from toolgym.agents.evaluate import paired_bootstrap
+    from toolgym.agents.eval.evaluate import paired_bootstrap
+    from toolgym.agents.eval.runs import COMPARE_FIELDS, load_eval_run, paired_rewards, pooled_comparison
 
     base = load_eval_run(runs[0])
     for path in runs[1:]:

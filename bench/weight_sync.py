@@ -59,7 +59,7 @@ def random_model(name: str, where: Path) -> Path:
     import torch
     import transformers
 
-    from toolgym.agents.models import resolve_model_dir
+    from toolgym.agents.policies.spec import resolve_model_dir
 
     base = resolve_model_dir(None)
     config = transformers.AutoConfig.from_pretrained(base)
@@ -79,10 +79,10 @@ def random_model(name: str, where: Path) -> Path:
 
 def make_policy(kind: str, model_dir: Path, max_model_len: int, dtype: str):
     if kind == "vllm":
-        from toolgym.agents.vllm_policy import VLLMPolicy
+        from toolgym.agents.policies.vllm import VLLMPolicy
 
         return VLLMPolicy(model_dir, max_model_len=max_model_len, cpu_reserved=0, dtype=dtype)
-    from toolgym.agents.vllm_server import VLLMServerPolicy
+    from toolgym.agents.policies.vllm_server import VLLMServerPolicy
 
     return VLLMServerPolicy(model_dir, max_model_len=max_model_len, cpu_reserved=0, dtype=dtype)
 
@@ -90,8 +90,8 @@ def make_policy(kind: str, model_dir: Path, max_model_len: int, dtype: str):
 def measure(kind: str, model_dir: Path, rounds: int, dtype: str, file_dtype: str) -> dict[str, object]:
     import torch
 
-    from toolgym.training.loss import token_logprobs
-    from toolgym.training.policies import learner_model
+    from toolgym.training.learn.loss import token_logprobs
+    from toolgym.training.policy_handle import learner_model
     from toolgym.training.weight_sync import VLLMWeightSync
 
     t0 = time.perf_counter()
@@ -157,7 +157,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             if name == "smollm2":
-                from toolgym.agents.models import resolve_model_dir
+                from toolgym.agents.policies.spec import resolve_model_dir
 
                 model_dir = resolve_model_dir(None)
             else:

@@ -12,6 +12,6 @@ from __future__ import annotations
 from toolgym.envs.checker import EnvCheckError, check_env
 from toolgym.lazy import lazy_exports
 
-_EXPORTS = {"ServedEnv": "toolgym.serving.client", "RemoteEnv": "toolgym.serving.client"}
+_EXPORTS = {"ServedEnv": "toolgym.serving.client"}
 __all__ = ["EnvCheckError", "ServedEnv", "check_env"]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

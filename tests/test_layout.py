@@ -29,13 +29,50 @@ ALLOWED = {
     "toolgym.serving": {"toolgym.serving", "toolgym.records", "toolgym.interop"},
     "toolgym.cli": {f"toolgym.{name}" for name in LAYERS},  # the composition root
 }
-#: old import paths kept in the core: each module is only an alias of its new home (toolgym.lazy)
-ALIASES = {
-    "src/toolgym/manifest.py": "toolgym.records.manifest",
-    "src/toolgym/trackers.py": "toolgym.records.trackers",
-    "src/toolgym/audit.py": "toolgym.envs.audit",
-    "src/toolgym/remote.py": "toolgym.serving.client",
-    "agents/exports.py": "toolgym.agents.run_exports",
+#: module paths of earlier releases, removed (CHANGELOG.md lists where each moved): nothing may import them
+REMOVED = (
+    "toolgym.manifest",
+    "toolgym.trackers",
+    "toolgym.audit",
+    "toolgym.remote",
+    "toolgym.agents.exports",
+    "toolgym.agents.chat_formats",
+    "toolgym.agents.hf_policy",
+    "toolgym.agents.specs",
+    "toolgym.agents.evaluate",
+    "toolgym.training.grpo",
+    "toolgym.training.learners",
+    "toolgym.training.rollouts",
+    "toolgym.training.ray_backend",
+    "toolgym.training.prefix",
+    "toolgym.training.policies",
+    "toolgym.training.arms",
+    "toolgym.training.heldout_run",
+)
+#: inside toolgym.training and toolgym.agents, each sub-package's rank: a module imports only modules of
+#: its own sub-package or of a lower rank ("top" is the package's own top-level modules)
+RANKS = {
+    "toolgym.training": {
+        "learn": 0,
+        "distributed": 1,
+        "sampling": 2,
+        "heldout": 2,
+        "top": 3,
+        "experiments": 4,
+    },
+    "toolgym.agents": {"chat": 0, "policies": 1, "top": 2, "eval": 3},
+}
+#: function-level imports of toolgym modules in agents/ and training/, each lazy for a reason: the policy
+#: kind's module (and its heavy or optional stack: transformers, vLLM) loads only for the kind built
+LAZY = {
+    ("training/policy_handle.py", "toolgym.agents.policies.hf"),
+    ("training/policy_handle.py", "toolgym.agents.policies.vllm"),
+    ("training/policy_handle.py", "toolgym.agents.policies.vllm_server"),
+    ("training/policy_handle.py", "toolgym.training.tiny_policy"),
+    ("agents/policies/factory.py", "toolgym.agents.policies.http"),
+    ("agents/policies/factory.py", "toolgym.agents.policies.hf"),
+    ("agents/policies/factory.py", "toolgym.agents.policies.vllm"),
+    ("agents/policies/vllm_weights.py", "toolgym.errors"),  # runs inside vLLM's worker processes
 }
 #: ``python -m toolgym``: the command's entry point, beside the core but part of the composition root
 #: (it only calls toolgym.cli's main; nothing imports it)
@@ -45,10 +82,14 @@ HEAVY = {
     "torch": ("agents/", "training/", "tools/search/encoder.py"),
     "transformers": ("agents/", "training/", "tools/search/encoder.py"),
     "faiss": ("tools/search/dense.py",),
-    "vllm": ("agents/vllm_policy.py", "training/weight_sync.py"),
+    "vllm": ("agents/policies/vllm.py", "training/weight_sync.py"),
     "docker": ("tools/sandbox/",),
-    "ray": ("training/ray_backend.py", "training/learner_actors.py", "agents/ray_"),
-    "peft": ("training/lora.py",),
+    "ray": (
+        "training/sampling/ray_envs.py",
+        "training/distributed/ray_actors.py",
+        "training/distributed/ray_cluster.py",
+    ),
+    "peft": ("training/learn/lora.py",),
 }
 
 
@@ -118,8 +159,6 @@ def test_dependency_direction():
     problems = []
     for layer, path in _python_files():
         rel = str(path.relative_to(ROOT))
-        if rel in ALIASES:
-            continue
         for module in _imports(path):
             target = _subpackage(module)
             if target is not None and target != "toolgym" and target not in ALLOWED[layer]:
@@ -134,21 +173,81 @@ def test_applications_are_imported_only_by_applications():
     """The one-way rule of the core and the applications: no lower layer reaches up into them."""
     apps = {f"toolgym.{name}" for name in ("cli", "serving", "interop")}
     for layer, path in _python_files():
-        if layer in apps or str(path.relative_to(ROOT)) in ALIASES:
+        if layer in apps:
             continue
         for module in _imports(path):
             assert _subpackage(module) not in apps, f"{path.relative_to(ROOT)} imports {module}"
 
 
-def test_old_import_paths_are_only_aliases():
-    """A kept old path holds nothing but its alias: one star import for type checkers, one alias call."""
-    for rel, target in ALIASES.items():
-        tree = ast.parse((ROOT / rel).read_text(encoding="utf-8"))
-        body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-        imported = [n.module for n in body if isinstance(n, ast.ImportFrom)]
-        assert sorted(imported) == sorted(["__future__", "toolgym.lazy", target]), (rel, imported)
-        (call,) = [n for n in body if isinstance(n, ast.Expr)]
-        assert isinstance(call.value, ast.Call) and ast.literal_eval(call.value.args[1]) == target, rel
+def test_removed_module_paths_are_gone_and_imported_nowhere():
+    problems = [m for m in REMOVED if _module_file(m) is not None]
+    for _, path in _python_files():
+        for module in _imports(path):
+            if module in REMOVED or any(module.startswith(m + ".") for m in REMOVED):
+                problems.append(f"{path.relative_to(ROOT)} imports {module}, a removed path (CHANGELOG.md)")
+    assert not problems, "\n".join(problems)
+
+
+def _module_file(module: str) -> Path | None:
+    parts = module.split(".")
+    for package, folder in sorted(FOLDERS.items(), key=lambda kv: -len(kv[0])):
+        if module == package or module.startswith(package + "."):
+            rest = parts[len(package.split(".")) :]
+            for candidate in (
+                folder.joinpath(*rest).with_suffix(".py"),
+                folder.joinpath(*rest, "__init__.py"),
+            ):
+                if rest and candidate.is_file():
+                    return candidate
+    return None
+
+
+def _sub_of(package: str, module: str) -> str | None:
+    """The sub-package of ``package`` a module belongs to (``top`` for its top-level modules)."""
+    if not module.startswith(package + "."):
+        return None
+    rest = module[len(package) + 1 :].split(".")
+    return rest[0] if rest[0] in RANKS[package] else "top"
+
+
+def _module_of(path: Path) -> str:
+    for package, folder in FOLDERS.items():
+        if folder in path.parents and (
+            package != "toolgym" or path.relative_to(folder).parts[0] not in LAYERS
+        ):
+            parts = path.relative_to(folder).with_suffix("").parts
+            return ".".join([package, *parts]).removesuffix(".__init__")
+    raise AssertionError(path)
+
+
+def test_sub_packages_import_one_way():
+    """training: experiments -> the top -> sampling, heldout -> distributed -> learn; agents: eval -> the
+    top (rollout, harness, compaction) -> policies -> chat."""
+    problems = []
+    for package, ranks in RANKS.items():
+        for path in FOLDERS[package].rglob("*.py"):
+            here = _sub_of(package, _module_of(path))
+            if here is None:
+                continue
+            for module in _imports(path):
+                there = _sub_of(package, module)
+                if there is not None and there != here and ranks[there] >= ranks[here]:
+                    problems.append(f"{path.relative_to(ROOT)} ({here}) imports {module} ({there})")
+    assert not problems, "\n".join(problems)
+
+
+def test_toolgym_imports_sit_at_module_level_unless_listed_lazy():
+    problems = []
+    for package in RANKS:
+        for path in FOLDERS[package].rglob("*.py"):
+            rel = str(path.relative_to(ROOT))
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            top = {id(n) for n in tree.body}
+            for node in ast.walk(tree):
+                lazy = isinstance(node, ast.ImportFrom) and id(node) not in top
+                if lazy and (node.module or "").startswith("toolgym") and (rel, node.module) not in LAZY:
+                    problems.append(f"{rel}:{node.lineno} imports {node.module} inside a function")
+    assert not problems, "\n".join(problems)
 
 
 def test_dependency_checker_catches_a_violation(tmp_path):
@@ -159,3 +258,9 @@ def test_dependency_checker_catches_a_violation(tmp_path):
     assert "toolgym.envs" not in ALLOWED["toolgym.agents"]
     assert _layer_of(CORE / "serving" / "client.py") == "toolgym.serving"
     assert _subpackage("toolgym.serving.client") not in ALLOWED["toolgym"]
+    assert _sub_of("toolgym.training", "toolgym.training.learn.loss") == "learn"
+    assert _sub_of("toolgym.training", "toolgym.training.trainer") == "top"
+    assert RANKS["toolgym.training"]["learn"] < RANKS["toolgym.training"]["top"]
+    assert (
+        _module_file("toolgym.training.trainer") is not None and _module_file("toolgym.training.grpo") is None
+    )

@@ -36,7 +36,7 @@ def test_module_id_form_with_a_missing_module_is_a_config_error():
 
 
 def test_the_trainer_builds_environments_through_the_registry():
-    from toolgym.training import rollouts
+    from toolgym.training.sampling import workers as rollouts
 
     with pytest.raises(ConfigError, match=r"Did you mean 'toolgym/SearchQA-v0'"):
         rollouts.make_env("toolgym/SearchQA-v9", {})

@@ -74,8 +74,8 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/gpu_smoke.sh",
         "bench/gpu_pack.sh",
         "src/toolgym/cli/__main__.py",
-        "src/toolgym/__main__.py",  # tests/training/test_learners.py: python -m toolgym train (and torchrun)
-        "training/learner_worker.py",  # the learner processes those tests start
+        "src/toolgym/__main__.py",  # tests/training/distributed/test_learners.py: python -m toolgym train (and torchrun)
+        "training/distributed/worker.py",  # the learner processes those tests start
         "envs/code_exec/__main__.py",
         "tools/sandbox/image.py",
     }

@@ -262,7 +262,7 @@ def test_unknown_tool_on_a_shipped_env_names_its_tools(search_qa):
 # ----------------------------------------------------------------- token exactness, with the embedded model
 @pytest.fixture(scope="module")
 def smollm2():
-    from toolgym.agents.hf_policy import HFPolicy
+    from toolgym.agents.policies.hf import HFPolicy
 
     policy = HFPolicy()
     yield policy
@@ -273,7 +273,7 @@ def smollm2():
 async def test_tokens_before_an_unlock_are_unchanged(smollm2, search_qa):
     """The unlock appends its schema: every token before it, sampled ones included, stays byte-identical."""
     from toolgym.agents.harness import get_harness
-    from toolgym.agents.policy import ScriptedPolicy
+    from toolgym.agents.policies.base import ScriptedPolicy
     from toolgym.agents.rollout import run_episode
 
     script = [

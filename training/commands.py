@@ -1,7 +1,7 @@
 """The ``toolgym train`` and ``toolgym report`` commands: a whole run, from config to held-out table.
 
 :func:`train_command` loads the config, opens the run's experiment trackers (``train.loggers``,
-:mod:`toolgym.trackers`), resumes from the run directory's checkpoint if it has one, trains, and runs
+:mod:`toolgym.records.trackers`), resumes from the run directory's checkpoint if it has one, trains, and runs
 the held-out evaluation (``[heldout]``); the trackers receive every step and the held-out table.
 """
 
@@ -12,23 +12,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.trackers import Trackers, check_trackers, open_trackers
+from toolgym.records.trackers import Trackers, check_trackers, open_trackers
 from toolgym.training.config import load_config, to_dict
+from toolgym.training.distributed.learners import exit_worker, torchrun_rank, worker_main
+from toolgym.training.heldout.run import can_share_engine, run_heldout
+from toolgym.training.heldout.table import heldout_table
 from toolgym.training.progress import RunProgress
 from toolgym.training.trainer import Trainer
 
-__all__ = ["exit_cleanly_on_sigterm", "heldout_metrics", "report_command", "train_command"]
+__all__ = ["exit_cleanly_on_sigterm", "heldout_metrics", "train_command"]
 
 
 def train_command(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path) -> Path:
     """``toolgym train --config FILE|NAME [key=value ...] --out DIR``; resumes if DIR holds a checkpoint.
 
     Under ``torchrun`` every rank runs this command: rank 0 trains, the others become learner
-    processes (:func:`toolgym.training.learners.worker_main`) until rank 0 is done, and then end
-    the process (:func:`toolgym.training.learners.exit_worker`): they never return.
+    processes (:func:`toolgym.training.distributed.learners.worker_main`) until rank 0 is done, and then end
+    the process (:func:`toolgym.training.distributed.learners.exit_worker`): they never return.
     """
     config = load_config(config_path, overrides)
-    from toolgym.training.learners import exit_worker, torchrun_rank, worker_main
 
     ranked = torchrun_rank()
     if ranked is not None and ranked[0] > 0:  # a learner process: it ends here, with its exit code
@@ -52,7 +54,6 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
             asyncio.run(trainer.run())
             train_ids = trainer.heldout_train_ids  # the warm start samples these too
             step, warm_started = trainer.step, trainer.warm_started
-            from toolgym.training.heldout_run import can_share_engine
 
             if can_share_engine(config, trainer.policy):
                 served = trainer.policy
@@ -60,9 +61,6 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
             trainer.close(keep_policy=served is not None)
         del trainer  # the learner's model and optimizer state go before the held-out policies load
         if config.heldout.n:
-            from toolgym.training.heldout import heldout_table
-            from toolgym.training.heldout_run import run_heldout
-
             progress.line(
                 f"held-out evaluation: up to {config.heldout.n} tasks of split {config.heldout.split!r}"
                 + (" (on the training run's engine)" if served is not None else "")
@@ -120,10 +118,3 @@ def _track_heldout(trackers: Trackers, step: int, summary: Mapping[str, Any]) ->
         for r in summary["tracks"]
     ]
     trackers.log_table("heldout", step, columns, rows)
-
-
-def report_command(run_dir: str | Path) -> Path:
-    """``toolgym report RUN_DIR``: writes ``RUN_DIR/report.html`` and returns its path."""
-    from toolgym.training.report import write_report
-
-    return write_report(run_dir)

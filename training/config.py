@@ -4,7 +4,7 @@ A config file mirrors the dataclasses (``[env]``, ``[policy]``, ``[sampling]``, 
 ``[curriculum]``, ``[warm_start]``, ``[heldout]``, ``[mixture]``); command-line overrides use dotted keys
 (``train.steps=3``, ``sampling.temperature=0.8``)
 whose values are parsed as TOML literals (``[["answer"], ["answer", "search"]]``) or taken as strings.
-Several ``[[env]]`` tables train on a mixture of environments (:mod:`toolgym.training.mixture`);
+Several ``[[env]]`` tables train on a mixture of environments (:mod:`toolgym.training.sampling.mixture`);
 overrides address one of them by position (``env.1.weight=2``).
 A wrong key fails at start-up with a :class:`~toolgym.errors.ConfigError` that says "did you mean".
 """
@@ -21,11 +21,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from toolgym.agents.chat.formats import check_chat_format_name
 from toolgym.errors import ConfigError, did_you_mean
-from toolgym.training.curriculum import CurriculumConfig
 from toolgym.training.grpo_config import TASK_FILTERS, GRPOConfig
-from toolgym.training.heldout import HeldoutConfig
-from toolgym.training.mixture import MixtureConfig
+from toolgym.training.heldout.table import HeldoutConfig
+from toolgym.training.sampling.curriculum import CurriculumConfig
+from toolgym.training.sampling.mixture import MixtureConfig
 from toolgym.training.warm_start import WarmStartConfig
 
 __all__ = [
@@ -181,8 +182,6 @@ class PolicyConfig:
             raise ConfigError(
                 f"policy.learner_device must be 'cpu' or 'cuda[:N]', got {self.learner_device!r}"
             )
-        from toolgym.agents.chat_formats import check_chat_format_name
-
         check_chat_format_name(self.chat_format, "policy.chat_format")
         if self.thinking_budget < 0:
             raise ConfigError(f"policy.thinking_budget must be >= 0 (0 = no cap), got {self.thinking_budget}")

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from toolgym.training.config import TrainConfig, json_safe
+
 __all__ = ["FieldHelp", "attribute_docs", "config_fields", "config_schema", "config_sections", "help_text"]
 
 _ENTRY = re.compile(r"^(?P<names>[A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_][\w]*)*)\s*:\s*(?P<text>.*)$")
@@ -112,8 +114,6 @@ def config_sections(config_cls: type) -> list[tuple[str, type]]:
 def config_fields(config_cls: type | None = None) -> list[FieldHelp]:
     """Every field of every section of the training config, in declaration order."""
     if config_cls is None:
-        from toolgym.training.config import TrainConfig
-
         config_cls = TrainConfig
     out: list[FieldHelp] = []
     for section, cls in config_sections(config_cls):
@@ -175,7 +175,6 @@ _SCHEMA_TYPES = {
 
 def config_schema() -> dict[str, Any]:
     """A JSON Schema (draft 2020-12) of a training-config TOML file, with every field's description."""
-    from toolgym.training.config import json_safe
 
     sections: dict[str, Any] = {}
     for f in config_fields():

@@ -1,7 +1,7 @@
 """Inference exports: each checkpoint also writes a Hugging Face model directory of the trained policy.
 
 The layout, the manifest and the checks a reader applies are documented in
-:mod:`toolgym.agents.exports` (the reader side, used by ``run:DIR`` policy specs). This module writes:
+:mod:`toolgym.agents.policies.run_exports` (the reader side, used by ``run:DIR`` policy specs). This module writes:
 
 * :func:`export_model` — one export: ``save_pretrained`` weights (safetensors, the model's dtype),
   the tokenizer (with toolgym's ChatML template for a ``hermes`` policy; any other chat format keeps
@@ -31,7 +31,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from toolgym.agents.exports import (
+from toolgym.agents.chat.formats import resolve_chat_format
+from toolgym.agents.policies.models import MANIFEST as CACHE_MANIFEST
+from toolgym.agents.policies.models import file_sha256, require_hf
+from toolgym.agents.policies.run_exports import (
     CHAT_TEMPLATE,
     EXPORT_DIR,
     EXPORT_MANIFEST,
@@ -40,10 +43,11 @@ from toolgym.agents.exports import (
     list_exports,
     step_dir_name,
 )
-from toolgym.agents.models import MANIFEST as CACHE_MANIFEST
-from toolgym.agents.models import file_sha256, require_hf, resolve_model_dir
+from toolgym.agents.policies.spec import resolve_model_dir
 from toolgym.errors import ConfigError
 from toolgym.run_files import write_atomic
+from toolgym.training.checkpoint import load_checkpoint
+from toolgym.training.learn.lora import LoraSettings, apply_lora, is_lora, plain_state_dict
 
 __all__ = ["DEFAULT_KEEP", "export_checkpoint", "export_from_checkpoint", "export_model"]
 
@@ -94,7 +98,7 @@ def export_model(
     Args:
         run_dir: the training run directory.
         model: a transformers ``PreTrainedModel`` (anything with ``save_pretrained`` and ``config``).
-        tokenizer: its Hugging Face tokenizer; saved with :data:`~toolgym.agents.exports.CHAT_TEMPLATE`
+        tokenizer: its Hugging Face tokenizer; saved with :data:`~toolgym.agents.policies.run_exports.CHAT_TEMPLATE`
             for ``hermes``, with its own template for any other format.
         step: the optimizer step these weights are from.
         policy_version: the weight version rollouts report for them (default ``step``).
@@ -117,7 +121,6 @@ def export_model(
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared like any model dir
-        from toolgym.training.lora import is_lora, plain_state_dict
 
         # LoRA adapters are merged in: an export is an ordinary model directory
         state = plain_state_dict(model) if is_lora(model) else None
@@ -197,7 +200,6 @@ def export_from_checkpoint(run_dir: str | Path, *, keep: int = DEFAULT_KEEP) -> 
             f"{run_dir} trained a policy.kind = 'tiny' test model, which has no Hugging Face export"
         )
     torch, transformers = require_hf("exporting a checkpoint")
-    from toolgym.training.checkpoint import load_checkpoint
 
     state = load_checkpoint(run_dir)
     assert state is not None  # checked above
@@ -205,8 +207,6 @@ def export_from_checkpoint(run_dir: str | Path, *, keep: int = DEFAULT_KEEP) -> 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     train = json.loads(config_path.read_text(encoding="utf-8")).get("train", {})
     if int(train.get("lora_rank", 0)):  # the checkpoint holds the adapters; the export merges them
-        from toolgym.training.lora import LoraSettings, apply_lora
-
         settings = LoraSettings(
             rank=int(train["lora_rank"]),
             alpha=float(train.get("lora_alpha", 16.0)),
@@ -222,7 +222,6 @@ def export_from_checkpoint(run_dir: str | Path, *, keep: int = DEFAULT_KEEP) -> 
             "config.json names another model than the one it trained"
         ) from None
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    from toolgym.agents.chat_formats import resolve_chat_format
 
     chat_format = resolve_chat_format(
         policy_config.get("chat_format", "auto"), tokenizer, model_dir=model_dir

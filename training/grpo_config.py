@@ -1,8 +1,8 @@
 """``[train]``: the learner and the rollout pipeline (:class:`GRPOConfig`), torch-free.
 
 Its loss variant, learning-rate schedule and LoRA settings are checked where each is defined
-(:class:`~toolgym.training.objective.LossConfig`, :class:`~toolgym.training.optim.ScheduleConfig`,
-:class:`~toolgym.training.lora.LoraSettings`), so every wrong value fails at start-up with its own
+(:class:`~toolgym.training.learn.objective.LossConfig`, :class:`~toolgym.training.learn.optim.ScheduleConfig`,
+:class:`~toolgym.training.learn.lora.LoraSettings`), so every wrong value fails at start-up with its own
 message.
 """
 
@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from toolgym.errors import ConfigError, did_you_mean
-from toolgym.training.lora import LoraSettings
-from toolgym.training.objective import LossConfig
-from toolgym.training.optim import ScheduleConfig
+from toolgym.records.trackers import parse_trackers
+from toolgym.training.learn.lora import LoraSettings
+from toolgym.training.learn.objective import LossConfig
+from toolgym.training.learn.optim import ScheduleConfig
 
 __all__ = ["LEARNER_NODES", "TASK_FILTERS", "TASK_POOLS", "GRPOConfig"]
 
@@ -54,21 +55,21 @@ class GRPOConfig:
             (see :func:`toolgym.training.trainer.shaped_reward`); 0 trains on the verifier's reward alone.
         answer_tool: name of the environment's terminal tool, for ``format_credit``.
         backend: where environments run: ``asyncio`` (in-process, the default) or ``ray`` (Ray actors,
-            see :mod:`toolgym.training.ray_backend`; the rollout loop and the policy stay in-process).
+            see :mod:`toolgym.training.sampling.ray_envs`; the rollout loop and the policy stay in-process).
         ray_env_actors: environment actor processes for ``backend = "ray"``.
         learners: learner processes sharing each step's gradient over ``torch.distributed`` (data
-            parallel; :mod:`toolgym.training.learners`): rank 0 samples, checkpoints and publishes, the
+            parallel; :mod:`toolgym.training.distributed.learners`): rank 0 samples, checkpoints and publishes, the
             others only compute gradients. At most ``tasks_per_step``; under ``torchrun`` its world
             size decides.
         dist_backend: the learners' process group: ``gloo`` (CPU) or ``nccl`` (CUDA learners).
         shard: how several learners hold the model: ``none`` (each a whole copy, gradients summed) or
             ``fsdp2`` (parameters, gradients and optimizer state split across them with FSDP2's
-            ``fully_shard``; :mod:`toolgym.training.fsdp`). Needs two or more learners; not with LoRA.
+            ``fully_shard``; :mod:`toolgym.training.distributed.fsdp`). Needs two or more learners; not with LoRA.
         learner_timeout: seconds a learner collective may wait before the run stops.
         learner_nodes: with ``backend = "ray"``, where the learner actors (ranks 1..N-1) run:
             ``trainer`` (the trainer's own Ray node; the ranks meet on 127.0.0.1) or ``any`` (wherever
             in the Ray cluster their resources are free; the ranks meet at the trainer node's address).
-            See :mod:`toolgym.training.learner_actors`.
+            See :mod:`toolgym.training.distributed.ray_actors`.
         learner_resources: with ``learner_nodes = "any"``, the Ray resources each learner actor asks
             for besides its GPU on CUDA (e.g. ``{learner_slot = 1}``, a custom resource that the nodes
             meant for learners were started with; ``CPU`` and ``GPU`` count as ``num_cpus`` and
@@ -77,11 +78,11 @@ class GRPOConfig:
             after which the run stops with a message (the infrastructure is down); it resumes from its
             last checkpoint.
         max_nonfinite_steps: consecutive steps skipped because a trained logprob, the loss or the
-            gradient norm was NaN or infinite (:mod:`toolgym.training.step_guard`: a skipped step
+            gradient norm was NaN or infinite (:mod:`toolgym.training.learn.step_guard`: a skipped step
             leaves every weight untouched) after which the run stops; it resumes from its last
             checkpoint.
         loggers: experiment trackers that also receive the metrics, config and trajectories:
-            ``tensorboard``, ``wandb`` (offline); see :mod:`toolgym.trackers`. Empty: files only.
+            ``tensorboard``, ``wandb`` (offline); see :mod:`toolgym.records.trackers`. Empty: files only.
         loss_agg: how a step's per-token terms become its loss: ``token_mean`` (DAPO), ``seq_mean``
             (GRPO: each sequence's mean, averaged) or ``constant`` (Dr. GRPO: sums divided by
             ``loss_constant`` and the number of sequences).
@@ -166,8 +167,6 @@ class GRPOConfig:
     task_pool_min_reward: float = 0.5
 
     def __post_init__(self) -> None:
-        from toolgym.trackers import parse_trackers
-
         object.__setattr__(self, "loggers", parse_trackers(self.loggers))
         for name in (
             "steps",
@@ -283,7 +282,7 @@ class GRPOConfig:
             )
 
     def loss_config(self) -> LossConfig:
-        """The step's surrogate (:class:`~toolgym.training.loss.LossConfig`)."""
+        """The step's surrogate (:class:`~toolgym.training.learn.loss.LossConfig`)."""
         return LossConfig(
             agg=self.loss_agg,
             constant_norm=self.loss_constant,

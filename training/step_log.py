@@ -3,8 +3,8 @@
 :func:`step_metrics` computes the ``metrics.jsonl`` row of a step from its groups and the learner's
 results; :func:`write_step` appends that row, one ``trajectories.jsonl`` line per consumed sample and,
 when the curriculum moved, its event to ``curriculum.jsonl``; :func:`track_step` sends the row and a
-table of the step's samples to the run's experiment trackers (:mod:`toolgym.trackers`), if any;
-:func:`write_train_manifest` writes the run's ``manifest.json`` (:mod:`toolgym.manifest`) and refuses
+table of the step's samples to the run's experiment trackers (:mod:`toolgym.records.trackers`), if any;
+:func:`write_train_manifest` writes the run's ``manifest.json`` (:mod:`toolgym.records.manifest`) and refuses
 to resume a run whose environment changed since it started.
 """
 
@@ -19,13 +19,13 @@ from typing import Any
 
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
-from toolgym.manifest import manifest_differences, read_run_manifest, run_manifest, write_run_manifest
+from toolgym.records.manifest import manifest_differences, read_run_manifest, run_manifest, write_run_manifest
+from toolgym.records.trackers import Trackers, trajectory_rows
 from toolgym.run_files import open_append, refuse_link
-from toolgym.trackers import Trackers, trajectory_rows
 from toolgym.training.config import TrainConfig, to_dict
-from toolgym.training.grpo import StepResult
-from toolgym.training.rewards import shaped_reward
-from toolgym.training.rollouts import Group
+from toolgym.training.learn.grpo import StepResult
+from toolgym.training.learn.rewards import shaped_reward
+from toolgym.training.sampling.workers import Group
 
 __all__ = [
     "LOG_FILES",

@@ -2,7 +2,7 @@
 
 It exists so the trainer's whole path (sampling, logprobs, loss, optimizer, checkpoints) can be tested
 and benchmarked on any CPU without loading SmolLM2. It pairs a small Llama (vocabulary 258) with
-:class:`~toolgym.agents.chat.ByteTokenizer`, so encode/decode round-trip exactly.
+:class:`~toolgym.agents.chat.chatml.ByteTokenizer`, so encode/decode round-trip exactly.
 
 NOTE (seeding): each turn samples from a generator seeded by ``(sampling.seed, len(token_ids))``, so
 an episode's samples depend only on its seed and the weights, not on which other episodes run
@@ -18,8 +18,8 @@ from typing import Literal
 
 import torch
 
-from toolgym.agents.chat import ByteTokenizer
-from toolgym.agents.policy import ChatPolicy
+from toolgym.agents.chat.chatml import ByteTokenizer
+from toolgym.agents.policies.base import ChatPolicy
 from toolgym.core import Completion, SamplingParams
 
 __all__ = ["TinyPolicy", "tiny_model"]

@@ -6,7 +6,7 @@ One loop, readable top to bottom (:meth:`Trainer.run`):
    ``max_off_policy_steps`` versions ago is dropped (stale); with ``dynamic_sampling`` a group without
    reward variance is dropped too and a replacement admitted, until ``tasks_per_step`` informative
    groups or ``max_groups_per_step`` drawn;
-2. **learn** (:mod:`toolgym.training.grpo`): rewards, advantages, plan, the loss's gradient;
+2. **learn** (:mod:`toolgym.training.learn.grpo`): rewards, advantages, plan, the loss's gradient;
 3. **publish**: wait for every group admitted at the current weights to finish (so each group is
    sampled by one version, whatever the scheduling), take the optimizer step, sync the weights and
    bump the version;
@@ -17,10 +17,10 @@ One loop, readable top to bottom (:meth:`Trainer.run`):
 Weight sync, by policy. ``hf`` and ``tiny`` policies sample from the learner's own module, so the
 sync is the version bump under the policy's weights lock. A ``vllm`` policy serves its own copy in an
 engine process: the learner loads a separate fp32 transformers model of the same checkpoint
-(:func:`~toolgym.training.policies.learner_model`) and pushes it into the engine in place after each
+(:func:`~toolgym.training.policy_handle.learner_model`) and pushes it into the engine in place after each
 step (:class:`~toolgym.training.weight_sync.VLLMWeightSync`); the engine's ``load_weights`` is what
 bumps ``policy_version``. Policies whose sampled token ids or logprobs are not exact (``token_exact =
-False``, e.g. :class:`~toolgym.agents.http_policy.HTTPPolicy`) are refused.
+False``, e.g. :class:`~toolgym.agents.policies.http.HTTPPolicy`) are refused.
 
 Run directory layout: ``config.json``, ``metrics.jsonl`` (one line per step), ``trajectories.jsonl``
 (one line per consumed sample: ``{"step", "group", "sample", "advantage", "trained", "trajectory"}``,
@@ -28,7 +28,7 @@ plus ``"dropped"`` for a group dynamic sampling or staleness left out), ``curric
 changes), ``heldout_curve.jsonl`` and ``checkpoint.pt``.
 
 NOTE (determinism): the learner admits every group, labelled with the weight version of that moment,
-and drains them before it publishes the next version (:class:`~toolgym.training.rollouts.RolloutWorkers`),
+and drains them before it publishes the next version (:class:`~toolgym.training.sampling.workers.RolloutWorkers`),
 so which weights sample which group never depends on timing, look-ahead included: two runs of one
 config sample the same groups with the same weights, and with a policy whose sampling does not
 depend on batch composition (``tiny``) they are identical bit for bit. A resume is exact with
@@ -56,10 +56,9 @@ from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
 from toolgym.errors import ConfigError
 from toolgym.procs import descendants, record_processes, stop_leftovers
+from toolgym.records.trackers import Trackers
 from toolgym.registry import check_id
 from toolgym.run_files import write_atomic
-from toolgym.trackers import Trackers
-from toolgym.training.batching import LossSums
 from toolgym.training.checkpoint import (
     capture_rng,
     load_checkpoint,
@@ -67,19 +66,23 @@ from toolgym.training.checkpoint import (
     save_checkpoint,
     truncate_to,
 )
-from toolgym.training.collect import StepCollector
 from toolgym.training.config import TrainConfig, to_dict
-from toolgym.training.curriculum import ToolCurriculum
+from toolgym.training.distributed.learners import LearnerGroup
 from toolgym.training.export import export_checkpoint
-from toolgym.training.grpo import StepPlan, StepResult, plan_step
-from toolgym.training.lora import apply_lora
-from toolgym.training.mixture import MixtureSampler, mixture_metrics, observe_curricula, probe_env
-from toolgym.training.optim import LearnerOptimizer
-from toolgym.training.policies import Closable, build_policy, learner_model, require_trainable
+from toolgym.training.heldout.curve import curve_point
+from toolgym.training.learn.batching import LossSums
+from toolgym.training.learn.grpo import StepPlan, StepResult, plan_step
+from toolgym.training.learn.lora import apply_lora
+from toolgym.training.learn.optim import LearnerOptimizer
+from toolgym.training.learn.rewards import shaped_reward
+from toolgym.training.learn.step_guard import StepGuard, nonfinite_logprobs
+from toolgym.training.policy_handle import Closable, build_policy, learner_model, require_trainable
 from toolgym.training.progress import RunProgress
-from toolgym.training.rewards import shaped_reward
-from toolgym.training.rollouts import EnvRoute, Group, RolloutWorkers, env_factory
-from toolgym.training.step_guard import StepGuard, nonfinite_logprobs
+from toolgym.training.sampling.collect import StepCollector
+from toolgym.training.sampling.curriculum import ToolCurriculum
+from toolgym.training.sampling.mixture import MixtureSampler, mixture_metrics, observe_curricula, probe_env
+from toolgym.training.sampling.task_filter import PassRateFilter, task_pool
+from toolgym.training.sampling.workers import EnvRoute, Group, RolloutWorkers, env_factory
 from toolgym.training.step_log import (
     LOG_FILES,
     group_records,
@@ -88,7 +91,8 @@ from toolgym.training.step_log import (
     write_step,
     write_train_manifest,
 )
-from toolgym.training.task_filter import PassRateFilter, task_pool
+from toolgym.training.warm_start_phase import run_warm_start
+from toolgym.training.weight_sync import VLLMWeightSync, file_dtype
 
 __all__ = ["Trainer", "build_policy", "shaped_reward"]  # shaped_reward: re-exported
 
@@ -114,7 +118,6 @@ class Trainer:
         torch.manual_seed(config.train.seed)
         for env in config.envs:  # a wrong id stops the run before a model is loaded
             check_id(env.id)
-        from toolgym.training.learners import LearnerGroup
 
         # checked before a model loads; the processes start at the first step
         self.learners = LearnerGroup.for_run(config, self.run_dir)
@@ -130,7 +133,6 @@ class Trainer:
             elif isinstance(self.policy, ServedPolicy):
                 # NOTE (weight sync): the engine serves its own copy; the learner trains this one and
                 # pushes it into the engine after every step.
-                from toolgym.training.weight_sync import VLLMWeightSync, file_dtype
 
                 dtype = file_dtype(config.policy.dtype, config.policy.learner_device)
                 self.weight_sync = VLLMWeightSync(
@@ -321,8 +323,6 @@ class Trainer:
                 free()
 
         try:
-            from toolgym.training.warm_start_phase import run_warm_start
-
             await run_warm_start(self, factories[0][0])  # before any rollout worker samples
             if hc.every and self.step == 0:
                 await self._curve()
@@ -422,7 +422,7 @@ class Trainer:
             skip_zero_variance=tc.skip_zero_variance,
         )
         self.optimizer.zero_grad()
-        skipped = "logprobs" if nonfinite_logprobs(plan) else ""  # NOTE (guard): training/step_guard.py
+        skipped = "logprobs" if nonfinite_logprobs(plan) else ""  # NOTE (guard): training/learn/step_guard.py
         losses = LossSums()
         reduced: dict[str, float] = {}
         if not skipped:
@@ -493,7 +493,6 @@ class Trainer:
 
     async def _curve(self) -> dict[str, float]:
         """A held-out curve point of the current weights (``heldout.every``), once per step."""
-        from toolgym.training.heldout_curve import curve_point
 
         if self.step in self.curve_steps:
             return {}

@@ -31,9 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from toolgym.agents.policies.base import RulePolicy
+from toolgym.agents.rollout import run_episode
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
+from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError, did_you_mean
+from toolgym.registry import env_attribute, make
 from toolgym.run_files import write_atomic
+from toolgym.training.learn.loss import check_token_receipt
+from toolgym.training.learn.scoring import SequenceScorer
 
 if TYPE_CHECKING:
     import torch
@@ -156,10 +162,6 @@ class WarmStartResult:
 def reference_demonstrator(env_id: str, env_kwargs: dict[str, Any], policy: Any) -> Callable[[str], Policy]:
     """``task_id -> policy`` playing the environment module's ``reference_rule(task)`` in ``policy``'s
     own tokenizer and chat template (``warm_start.source = "reference"``)."""
-    from toolgym.agents.policy import RulePolicy
-    from toolgym.agents.specs import env_attribute
-    from toolgym.env import ToolEnv
-    from toolgym.registry import make
 
     rule_for = env_attribute(env_id, "reference_rule")
     tokenizer, template = getattr(policy, "tokenizer", None), getattr(policy, "template", None)
@@ -209,7 +211,6 @@ async def rejection_sample(
     policy). Kept episodes are those passing :func:`_usable`, at most ``keep_per_task`` per task (best
     rewards first, ties in sampling order).
     """
-    from toolgym.agents.rollout import run_episode
 
     ids = list(task_ids)
     if config.tasks and config.tasks < len(ids):
@@ -266,7 +267,7 @@ def sampled_nll(model: torch.nn.Module, chunk: Sequence[Trajectory]) -> tuple[to
     Only the positions that predict a sampled token go through the output layer
     (``logits_to_keep``): a SearchQA episode is ~800 tokens of which ~80 are sampled, and full-vocabulary
     logits over every position would cost ~10x the memory (a micro-batch of 8 episodes needed ~18 GB
-    that way on SmolLM2's 49k vocabulary). The values equal :func:`~toolgym.training.loss.token_logprobs`
+    that way on SmolLM2's 49k vocabulary). The values equal :func:`~toolgym.training.learn.loss.token_logprobs`
     at those positions (temperature 1), as a test checks.
     """
     import torch
@@ -299,14 +300,12 @@ def shared_nll(
 
     Demonstrations start with the same system text, tool schemas and worked turn (about 470 of a
     SearchQA episode's ~800 tokens), so the chunk is scored through a
-    :class:`~toolgym.training.prefix.SequenceScorer`: the prefix runs once, each row only its own
+    :class:`~toolgym.training.learn.scoring.SequenceScorer`: the prefix runs once, each row only its own
     suffix. Call ``finish()`` right after ``nll.backward()``: it sends the prefix's share of the
     gradient through the prefix once. The value and the gradient equal :func:`sampled_nll`'s (a test
     checks both within 1e-5); without a common prefix of two tokens this is :func:`sampled_nll`.
     """
     import torch
-
-    from toolgym.training.prefix import SequenceScorer
 
     seqs = [t.token_ids for t in chunk]
     masks = [[0, *t.loss_mask[1:]] for t in chunk]  # the first token has no prefix to predict it from
@@ -337,8 +336,6 @@ def fine_tune(
     ``progress(done, total)`` is called after every optimizer step (``total``: epochs x micro-batches).
     """
     import torch
-
-    from toolgym.training.loss import check_token_receipt
 
     trajectories = [v for t in trajectories for v in t.segment_views()]  # a compacted episode: each segment
     if not trajectories:

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
-from toolgym.training.lora import base_weights_trainable, load_plain_state_dict
+from toolgym.training.checkpoint import save_checkpoint
+from toolgym.training.config import to_dict
+from toolgym.training.export import export_checkpoint
+from toolgym.training.learn.lora import base_weights_trainable, load_plain_state_dict
 from toolgym.training.warm_start import (
     WarmStartResult,
     fine_tune,
@@ -47,9 +50,6 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
     earlier run with the same settings is loaded instead.
     """
     import asyncio
-
-    from toolgym.training.checkpoint import save_checkpoint
-    from toolgym.training.export import export_checkpoint
 
     config = trainer.config
     ws = config.warm_start
@@ -119,8 +119,6 @@ def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) ->
             differ from ``config``'s in what decides the warm start (named).
     """
     from safetensors.torch import load_file
-
-    from toolgym.training.config import to_dict
 
     path = Path(source)
     run = path.parent.parent if path.name == "step-000000" else path

@@ -1,11 +1,11 @@
 """Weight sync from the trainer's model to a vLLM engine, in place, after each optimizer step.
 
-On CPU with :class:`~toolgym.agents.hf_policy.HFPolicy` the policy *shares* the trainer's module, so
+On CPU with :class:`~toolgym.agents.policies.hf.HFPolicy` the policy *shares* the trainer's module, so
 the sync is the version bump under the weights lock (see :mod:`toolgym.training.trainer`). A vLLM
 engine holds its own copy of the weights in another process; :class:`VLLMWeightSync` writes the
 trainer's ``state_dict`` to one safetensors file (in ``/dev/shm`` when the machine has it, so the
 bytes never touch a disk) and asks the engine to reload from it
-(:meth:`toolgym.agents.vllm_policy.VLLMPolicy.load_weights`: pause, reload in place, relabel the
+(:meth:`toolgym.agents.policies.vllm.VLLMPolicy.load_weights`: pause, reload in place, relabel the
 version, resume; the engine is never restarted).
 
 Why a file and not tensors: vLLM's ``collective_rpc`` serialises its arguments, so passing a state
@@ -24,9 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolgym.agents.vllm_policy import SERVING_DTYPES, VLLMPolicy
+from toolgym.agents.policies.vllm import SERVING_DTYPES, VLLMPolicy
+from toolgym.agents.policies.vllm_server import VLLMServerPolicy
 from toolgym.core import ServedPolicy
 from toolgym.errors import ConfigError
+from toolgym.training.learn.lora import plain_state_dict
 
 __all__ = ["VLLMWeightSync", "export_weights", "file_dtype"]
 
@@ -58,7 +60,7 @@ def export_weights(model: Any, path: str | Path, dtype: str = "float32") -> Path
     written as bfloat16 are half the bytes, and the engine would have rounded them the same way on
     load); other tensors are written as they are.
 
-    LoRA adapters are merged in (:func:`~toolgym.training.lora.plain_state_dict`). A tied output head
+    LoRA adapters are merged in (:func:`~toolgym.training.learn.lora.plain_state_dict`). A tied output head
     (``lm_head.weight`` sharing the embedding's storage) is left out, as
     ``save_pretrained`` does; the engine re-ties it. The file appears atomically (written beside, then
     renamed), so a reader never sees half a file.
@@ -71,7 +73,6 @@ def export_weights(model: Any, path: str | Path, dtype: str = "float32") -> Path
     path = Path(path)
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     tensors = {}
-    from toolgym.training.lora import plain_state_dict
 
     for name, tensor in plain_state_dict(model).items():  # LoRA adapters merged in
         if tied and name == "lm_head.weight":
@@ -88,7 +89,7 @@ def export_weights(model: Any, path: str | Path, dtype: str = "float32") -> Path
 
 class VLLMWeightSync:
     """Pushes a trainer model's weights into a running :class:`VLLMPolicy` (or a vLLM server,
-    :class:`~toolgym.agents.vllm_server.VLLMServerPolicy`, on this machine) after each step.
+    :class:`~toolgym.agents.policies.vllm_server.VLLMServerPolicy`, on this machine) after each step.
 
     Args:
         policy: the engine to update.
@@ -108,8 +109,6 @@ class VLLMWeightSync:
         dtype: str = "float32",
         base: str | Path | None = None,
     ) -> None:
-        from toolgym.agents.vllm_server import VLLMServerPolicy
-
         if not isinstance(policy, VLLMPolicy | VLLMServerPolicy):
             raise ConfigError(
                 f"VLLMWeightSync needs a VLLMPolicy or a VLLMServerPolicy, got {type(policy).__name__}"

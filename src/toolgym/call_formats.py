@@ -25,7 +25,7 @@ environment then lists its tools with that format's ``tools_prompt``, rewrites t
 example into it (:func:`translate_calls`) and parses every action with it.
 
 Add a syntax: implement the protocol (``name``, ``keys``, ``split``, ``format_call``, ``tools_prompt``),
-register it in :data:`CALL_FORMATS`, and pair it with a renderer in ``toolgym.agents.chat_formats``.
+register it in :data:`CALL_FORMATS`, and pair it with a renderer in ``toolgym.agents.chat.formats``.
 """
 
 from __future__ import annotations

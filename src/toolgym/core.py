@@ -248,7 +248,7 @@ class Policy(Protocol):
     ends an assistant turn that stopped on the length limit). Both end with the assistant generation
     prompt. The rollout never re-tokenises earlier turns. ``policy_version`` counts the weight updates
     it has seen (0 for weights that never change); an episode that sampled nothing records it. An
-    optional ``chat_format`` (``toolgym.agents.chat_formats``) tells the rollout the model's call syntax
+    optional ``chat_format`` (``toolgym.agents.chat.formats``) tells the rollout the model's call syntax
     (passed to the environment at reset) and reasoning markers; without one, ``hermes``.
     """
 

@@ -22,7 +22,7 @@ A run that cannot go on raises :class:`RunStopped` with a message saying why and
 :class:`InfraDown` when the infrastructure stays down (too many consecutive groups of episodes were
 all ``infra_error``), :class:`CheckpointError` when the run directory refuses writes; the
 data-parallel learner raises it when a learner process dies (naming the rank and its signal or exit
-code) and, as ``toolgym.training.learners.LearnersDiverged``, when the learners' weights differ (a
+code) and, as ``toolgym.training.distributed.learners.LearnersDiverged``, when the learners' weights differ (a
 bug). Rerunning the same command resumes from the last checkpoint, losing nothing and counting
 nothing twice.
 

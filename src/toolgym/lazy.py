@@ -9,12 +9,10 @@ is imported on first access (PEP 562) and the value cached in the package.
 from __future__ import annotations
 
 import importlib
-import sys
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["alias_module", "lazy_exports"]
+__all__ = ["lazy_exports"]
 
 
 def lazy_exports(
@@ -44,16 +42,3 @@ def lazy_exports(
         return sorted({*namespace, *exports})
 
     return __getattr__, __dir__
-
-
-def alias_module(name: str, target: str, *, deprecated: bool = True) -> None:
-    """Make the module ``name`` *be* the module ``target``: an old import path with the same objects.
-
-    The module object under ``name`` in ``sys.modules`` becomes ``target``'s, so ``import name``,
-    ``from name import x`` and patches of ``name.x`` all reach ``target``. Call it at the end of the
-    module ``name``; ``deprecated`` also warns (:class:`DeprecationWarning`) that the path moved.
-    """
-    module = importlib.import_module(target)
-    if deprecated:
-        warnings.warn(f"{name} moved to {target}; import it from there", DeprecationWarning, stacklevel=3)
-    sys.modules[name] = module

@@ -10,16 +10,16 @@ import os
 import pytest
 
 from toolgym import FunctionTool, Score, Task, ToolEnv
-from toolgym.agents.chat import IM_END, ByteTokenizer, ChatMLTemplate
+from toolgym.agents.chat.chatml import IM_END, ByteTokenizer, ChatMLTemplate
 from toolgym.agents.compaction import SUMMARY_REQUEST, CompactingHarness, CompactionConfig
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import RulePolicy, ScriptedPolicy
+from toolgym.agents.policies.base import RulePolicy, ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.errors import ConfigError
 from toolgym.parsing import format_tool_call
-from toolgym.training.grpo import plan_step
-from toolgym.training.loss import check_token_receipt
+from toolgym.training.learn.grpo import plan_step
+from toolgym.training.learn.loss import check_token_receipt
 
 PAGE = "kiwi " * 100  # 500 characters: 500 byte tokens
 
@@ -253,7 +253,7 @@ def test_a_long_code_exec_episode_needs_compaction_and_gets_through_it():
 
 
 def test_compacted_and_cut_episodes_replay_unchanged():
-    from toolgym.agents.reverify import replay
+    from toolgym.agents.eval.reverify import replay
 
     compacted = run(get_harness("bare+compact"), ScriptedPolicy(TURNS))
     again = replay(PagesEnv(), compacted)

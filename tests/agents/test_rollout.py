@@ -8,10 +8,11 @@ import asyncio
 import pytest
 
 from toolgym import FunctionTool, Score, Task, ToolEnv
-from toolgym.agents.chat import ByteTokenizer
-from toolgym.agents.evaluate import paired_bootstrap, summarize
+from toolgym.agents.chat.chatml import ByteTokenizer
+from toolgym.agents.eval.evaluate import summarize
+from toolgym.agents.eval.stats import paired_bootstrap
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.policies.base import ScriptedPolicy
 from toolgym.agents.rollout import read_trajectories, run_episode, write_trajectories
 from toolgym.core import SamplingParams, Trajectory, sampled_ids_hash
 from toolgym.env import RetryPolicy

@@ -12,7 +12,7 @@ import pytest
 
 from toolgym.agents import rollout
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.policies.base import ScriptedPolicy
 from toolgym.agents.rollout import run_episode, user_wrappers
 from toolgym.core import FunctionTool, Message, Score, Task, Tool
 from toolgym.env import ToolEnv

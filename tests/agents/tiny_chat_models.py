@@ -4,7 +4,7 @@ Each tokenizer is the shipped SmolLM2 tokenizer plus a format's special tokens a
 written for these tests in that format's markers (so ``chat_format="auto"`` reads it as a real model of
 the family would be read). Each model is a one-layer, 16-wide network of the family's architecture.
 
-:class:`ForcedPolicy` is the real :class:`~toolgym.agents.hf_policy.HFPolicy` (prefill, KV cache,
+:class:`ForcedPolicy` is the real :class:`~toolgym.agents.policies.hf.HFPolicy` (prefill, KV cache,
 stop tokens, logprobs of the distribution each token is drawn from) whose draws follow scripted token
 ids while a script is queued, one script per request, and sample freely after: teacher forcing, so a
 random model writes well-formed (and malformed) calls and the episode's tokens are known.
@@ -21,8 +21,8 @@ import torch
 import transformers
 
 from toolgym import FunctionTool, Score, Task, ToolEnv
-from toolgym.agents.hf_policy import HFPolicy
-from toolgym.agents.models import smollm2_path
+from toolgym.agents.policies.hf import HFPolicy
+from toolgym.agents.policies.models import smollm2_path
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.parsing import format_tool_call
 

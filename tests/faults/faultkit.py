@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.policies.base import ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.parsing import format_tool_call

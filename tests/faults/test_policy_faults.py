@@ -1,6 +1,6 @@
 """A policy whose server is unreachable during a CodeExec evaluation: infra_error episodes, no crash.
 
-(The vLLM engine killed mid-run is tested on the real engine, last in ``tests/agents/test_vllm_policy.py``,
+(The vLLM engine killed mid-run is tested on the real engine, last in ``tests/agents/policies/test_vllm_policy.py``,
 which reuses that module's engine; the training-run cases in ``test_training_faults.py`` use a policy
 raising the same :class:`~toolgym.errors.PolicyError` a dead engine raises.)
 """
@@ -12,7 +12,7 @@ import socket
 import pytest
 from faultkit import episode
 
-from toolgym.agents.http_policy import HTTPPolicy
+from toolgym.agents.policies.http import HTTPPolicy
 from toolgym.envs.code_exec import CodeExecEnv
 
 pytestmark = pytest.mark.faults

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import RulePolicy
+from toolgym.agents.policies.base import RulePolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.env import RetryPolicy
 from toolgym.envs.search_qa import SearchQAEnv, baseline_rule
@@ -34,7 +34,7 @@ QUESTIONS = [
 NEXT_RUN = """
 import asyncio, json, sys
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import RulePolicy
+from toolgym.agents.policies.base import RulePolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.envs.search_qa import SearchQAEnv, baseline_rule
 env = SearchQAEnv(sys.argv[1], sys.argv[2], demonstration=False)

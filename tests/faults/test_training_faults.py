@@ -18,7 +18,7 @@ import torch
 from toolgym.errors import CheckpointError, InfraDown, PolicyError
 from toolgym.training import checkpoint
 from toolgym.training.config import load_config
-from toolgym.training.rollouts import GroupSampler
+from toolgym.training.sampling.workers import GroupSampler
 from toolgym.training.tiny_policy import TinyPolicy
 from toolgym.training.trainer import Trainer
 
@@ -209,7 +209,7 @@ def test_an_unreadable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 def test_env_kwargs_set_the_retry_policy_of_any_toolgym_env() -> None:
     from toolgym.env import RetryPolicy
     from toolgym.errors import ConfigError
-    from toolgym.training.rollouts import make_env
+    from toolgym.training.sampling.workers import make_env
 
     env = make_env(
         "toy_env:toolgym-test/Letters-v0", {"infra_retries": 4, "infra_backoff_s": 0.25, "n_tasks": 2}
@@ -225,7 +225,7 @@ def test_env_kwargs_set_the_retry_policy_of_any_toolgym_env() -> None:
 
 def test_infra_guard_counts_only_consecutive_groups_without_a_usable_sample() -> None:
     from toolgym.core import Trajectory
-    from toolgym.training.rollouts import Group, InfraGuard
+    from toolgym.training.sampling.workers import Group, InfraGuard
 
     def group(index: int, *statuses: str) -> Group:
         trajs = tuple(

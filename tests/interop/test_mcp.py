@@ -12,7 +12,7 @@ import pytest
 from golden import golden_path
 
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.policies.base import ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import FunctionTool, Message, Score, Task, Tool
 from toolgym.env import ToolEnv

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import pytest
 
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.policies.base import ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.errors import InfraError
 from toolgym.serving.client import ServedEnv

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.policies.base import ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import FunctionTool, Message, Score, Task, Tool
 from toolgym.env import ToolEnv

@@ -83,7 +83,7 @@ def test_grpo_trainer_trains_one_step_on_a_toolgym_environment(tmp_path: Path) -
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
 
-    from toolgym.agents.models import smollm2_path
+    from toolgym.agents.policies.models import smollm2_path
 
     seen: list[str | None] = []
     base = trl_environment("toolgym/SearchQA-v0")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import ScriptedPolicy
+from toolgym.agents.policies.base import ScriptedPolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams
 from toolgym.training.config import load_config
-from toolgym.training.rollouts import Group
+from toolgym.training.sampling.workers import Group
 from toolgym.training.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agents"))
@@ -61,7 +61,7 @@ def test_the_report_marks_segments_and_plots_them(tmp_path: Path) -> None:
     import json
     from dataclasses import asdict
 
-    from toolgym.training.report import write_report
+    from toolgym.training.experiments.report import write_report
 
     compacted = asyncio.run(
         run_episode(

@@ -16,15 +16,15 @@ import torch
 import transformers
 from tokenizers import ByteLevelBPETokenizer
 
-from toolgym.agents.chat import IM_END, IM_START, ChatMLTemplate
-from toolgym.agents.exports import (
+from toolgym.agents.chat.chatml import IM_END, IM_START, ChatMLTemplate
+from toolgym.agents.policies.run_exports import (
     EXPORT_MANIFEST,
     export_problem,
     list_exports,
     read_manifest,
     resolve_run_export,
 )
-from toolgym.agents.specs import parse_policy_spec
+from toolgym.agents.policies.spec import parse_policy_spec
 from toolgym.errors import ConfigError
 from toolgym.training.export import export_from_checkpoint, export_model
 
@@ -196,7 +196,7 @@ def test_tiny_run_has_no_export(tmp_path):
 
 async def test_the_trainer_exports_each_checkpoint_and_the_export_serves_as_a_policy(tmp_path):
     """Two training steps of an HFPolicy on the toy env: two exports whose weights are the trained ones."""
-    from toolgym.agents.hf_policy import HFPolicy
+    from toolgym.agents.policies.hf import HFPolicy
     from toolgym.training.config import load_config
     from toolgym.training.trainer import Trainer
 
@@ -248,7 +248,7 @@ def test_smollm2_checkpoint_to_export_to_eval_and_compare(tmp_path, capsys):
     """
     from safetensors.torch import load_file
 
-    from toolgym.agents.models import smollm2_path
+    from toolgym.agents.policies.models import smollm2_path
     from toolgym.cli import main
     from toolgym.training.checkpoint import save_checkpoint
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from toolgym.training import grpo
 from toolgym.training.config import load_config
+from toolgym.training.learn import grpo
 from toolgym.training.trainer import Trainer
 
 STEPS = 24

@@ -13,7 +13,7 @@ import pytest
 
 from toolgym.cli import main
 from toolgym.errors import ConfigError
-from toolgym.trackers import Trackers, check_trackers, open_trackers, parse_trackers
+from toolgym.records.trackers import Trackers, check_trackers, open_trackers, parse_trackers
 from toolgym.training.commands import train_command
 from toolgym.training.config import load_config
 

@@ -42,7 +42,7 @@ TINY_VLLM = [
 def _learner_logprobs(model, ids: list[int]) -> list[float]:
     import torch
 
-    from toolgym.training.loss import token_logprobs
+    from toolgym.training.learn.loss import token_logprobs
 
     with torch.no_grad():
         logp, _ = token_logprobs(model, [ids])
@@ -75,7 +75,7 @@ def test_shipped_gpu_config_rolls_out_through_vllm() -> None:
 
 
 def test_a_policy_without_exact_tokens_is_refused(tmp_path: Path) -> None:
-    from toolgym.agents.http_policy import HTTPPolicy
+    from toolgym.agents.policies.http import HTTPPolicy
     from toolgym.training.trainer import Trainer
 
     config = load_config(None, ["env.id=toy_env:toolgym-test/Letters-v0"])
@@ -173,7 +173,7 @@ async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path, run
 @pytest.mark.slow
 @pytest.mark.skipif(SKIP_VLLM, reason="TOOLGYM_SKIP_VLLM=1 asks to skip the vLLM engine tests")
 async def test_lora_adapters_reach_the_engine_as_merged_weights(tmp_path: Path) -> None:
-    from toolgym.training.lora import is_lora
+    from toolgym.training.learn.lora import is_lora
     from toolgym.training.trainer import Trainer, build_policy
 
     config = load_config(None, [*TINY_VLLM, "train.steps=1", "train.lora_rank=8", "train.lr=5e-3"])
@@ -223,9 +223,9 @@ async def test_a_bfloat16_engine_serves_a_bfloat16_file_as_it_serves_the_fp32_on
     """The trainer writes the engine's dtype (half the bytes); the engine ends with the same weights."""
     import torch
 
-    from toolgym.agents.models import resolve_model_dir
-    from toolgym.agents.vllm_policy import VLLMPolicy
-    from toolgym.training.policies import learner_model
+    from toolgym.agents.policies.spec import resolve_model_dir
+    from toolgym.agents.policies.vllm import VLLMPolicy
+    from toolgym.training.policy_handle import learner_model
     from toolgym.training.weight_sync import VLLMWeightSync
 
     model_dir = resolve_model_dir(None)

@@ -12,8 +12,8 @@ from builders import tiny_overrides, trajectory
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
 from toolgym.training.config import load_config
-from toolgym.training.heldout import check_disjoint, heldout_table
-from toolgym.training.loss import TokenFidelityError, token_logprobs
+from toolgym.training.heldout.table import check_disjoint, heldout_table
+from toolgym.training.learn.loss import TokenFidelityError, token_logprobs
 from toolgym.training.tiny_policy import TinyPolicy, tiny_model
 from toolgym.training.trainer import Trainer
 from toolgym.training.warm_start import WarmStartConfig, _usable, fine_tune, reference_demonstrator
@@ -137,8 +137,8 @@ def test_reference_source_needs_the_env_to_provide_a_rule(tmp_path: Path) -> Non
 
 async def test_demonstrations_are_kept_by_the_verifier_and_trained_on(tmp_path: Path) -> None:
     from toolgym.agents.harness import get_harness
-    from toolgym.agents.policy import RulePolicy
-    from toolgym.training.rollouts import make_env
+    from toolgym.agents.policies.base import RulePolicy
+    from toolgym.training.sampling.workers import make_env
     from toolgym.training.warm_start import rejection_sample
 
     policy = TinyPolicy(hidden=32, layers=1, seed=0)
@@ -223,7 +223,7 @@ async def test_warm_start_seed_lets_another_rl_seed_share_one_warm_start(tmp_pat
     from safetensors.torch import save_file
 
     from toolgym.training.config import to_dict
-    from toolgym.training.rollouts import env_factory
+    from toolgym.training.sampling.workers import env_factory
     from toolgym.training.warm_start_phase import reuse_warm_start, run_warm_start
 
     warm = ["warm_start.samples=4", "warm_start.min_reward=0.0", "warm_start.epochs=1", "warm_start.lr=0.01"]

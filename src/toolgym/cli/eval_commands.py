@@ -46,7 +46,7 @@ def parse_env_args(pairs: list[str], env_id: str | None = None) -> dict[str, Any
         except json.JSONDecodeError:
             out[key] = value
     if env_id is not None:
-        from toolgym.agents.evaluate import check_env_kwargs
+        from toolgym.agents.eval.evaluate import check_env_kwargs
 
         check_env_kwargs(env_id, out)
     return out
@@ -85,10 +85,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from toolgym.agents.eval_runs import early_differences, load_eval_run
-    from toolgym.agents.evaluate import evaluate
+    from toolgym.agents.eval.evaluate import evaluate
+    from toolgym.agents.eval.runs import early_differences, load_eval_run
     from toolgym.agents.harness import get_harness
-    from toolgym.agents.specs import parse_policy_spec, policy_factory
+    from toolgym.agents.policies.factory import policy_factory
+    from toolgym.agents.policies.spec import parse_policy_spec
     from toolgym.core import SamplingParams
     from toolgym.registry import check_id
 
@@ -117,7 +118,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.max_total_tokens if args.max_total_tokens is not None else (1 << 30 if model_free else 8192)
     )
     chat_format = args.chat_format
-    from toolgym.agents.chat_formats import check_chat_format_name
+    from toolgym.agents.chat.formats import check_chat_format_name
 
     check_chat_format_name(chat_format, "--chat-format")
     if chat_format != "auto" and spec.engine in ("rule", "http"):
@@ -204,7 +205,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if loggers:
         track_eval(loggers, args.out, report)
     if baseline is not None:
-        from toolgym.agents.eval_runs import EvalRun, EvalSettings, compare_runs
+        from toolgym.agents.eval.runs import EvalRun, EvalSettings, compare_runs
 
         settings = EvalSettings.from_dict(report.settings)
         this = EvalRun(args.out, settings, "complete", report.trajectories, report.manifest)
@@ -247,7 +248,7 @@ def track_eval(loggers: Sequence[str], out: Path, report: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from toolgym.agents.eval_runs import compare_runs, load_eval_run
+    from toolgym.agents.eval.runs import compare_runs, load_eval_run
 
     comparison = compare_runs(load_eval_run(args.run_a), load_eval_run(args.run_b), allow=args.allow)
     if args.json:
@@ -289,7 +290,7 @@ def cmd_reverify(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from toolgym.agents.reverify import RESULT, reverify_run
+    from toolgym.agents.eval.reverify import RESULT, reverify_run
 
     bar = progress_bar()
     updaters: dict[str, Callable[[int, int], None]] = {}

@@ -421,7 +421,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         backend.append(f"train.loggers={json.dumps(list(parse_trackers(args.logger)))}")
     if args.arms is not None:
-        from toolgym.training.arms_run import arms_command
+        from toolgym.training.experiments.arms_run import arms_command
 
         run_dir = arms_command(
             args.arms, args.config, [*args.overrides, *backend], args.out, workers=args.arm_workers
@@ -444,14 +444,14 @@ def cmd_checkpoint_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from toolgym.training.arms_report import is_arms_dir, write_arms_report
-    from toolgym.training.commands import report_command
+    from toolgym.training.experiments.arms_report import is_arms_dir, write_arms_report
+    from toolgym.training.experiments.report import write_report
 
     if is_arms_dir(args.run_dir):
         print(f"report: {write_arms_report(args.run_dir)}")
         return 0
 
-    print(f"report: {report_command(args.run_dir)}")
+    print(f"report: {write_report(args.run_dir)}")
     return 0
 
 

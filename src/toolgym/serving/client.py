@@ -35,7 +35,6 @@ import socket
 import threading
 import time
 import urllib.parse
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -362,13 +361,3 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
-
-
-def __getattr__(name: str) -> Any:
-    """``RemoteEnv`` and ``RemoteEnvError``: the earlier names of :class:`ServedEnv` and its error."""
-    renamed = {"RemoteEnv": ServedEnv, "RemoteEnvError": ServedEnvError}
-    if name not in renamed:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    new = renamed[name]
-    warnings.warn(f"{name} is now {new.__name__}", DeprecationWarning, stacklevel=2)
-    return new

@@ -1,0 +1,152 @@
+"""The learner's bookkeeping as pure functions: samples, micro-batches, padded tensors, summed metrics.
+
+:mod:`toolgym.training.learn.grpo` plans a step into :class:`Sample` values; :func:`micro_batches` and
+:func:`pack_batch` make the padded tensors the loss takes; :class:`LossSums` adds up the step's loss
+metrics. Nothing here runs a model, so each piece has exact-value tests.
+
+NOTE (masks): :func:`pack_batch` right-pads with mask 0 and behaviour logprob 0.0, so padding never
+enters the loss; the model-side scorers pad their token ids the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from toolgym.core import Trajectory
+from toolgym.training.learn.loss import LossTerms
+
+__all__ = [
+    "LossSums",
+    "PackedBatch",
+    "Sample",
+    "common_prefix_length",
+    "micro_batches",
+    "pack_batch",
+]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One token sequence the learner trains on, with its group-relative advantage.
+
+    Attributes:
+        trajectory: the sequence: an episode, or one segment of a compacted episode
+            (:meth:`~toolgym.core.Trajectory.segment_views`).
+        advantage: the episode's advantage (every segment of an episode trains with it).
+        episode: the whole episode when ``trajectory`` is one of its segments, else ``None``.
+        group: the position of its group in the step's input; ``index``: its position in that group.
+    """
+
+    trajectory: Trajectory
+    advantage: float
+    episode: Trajectory | None = None
+    group: int = 0
+    index: int = 0
+
+
+def micro_batches(samples: Sequence[Sample], size: int) -> list[tuple[Sample, ...]]:
+    """Consecutive chunks of at most ``size`` samples (the learner's memory bound per forward pass)."""
+    if size < 1:
+        raise ValueError(f"micro-batch size must be >= 1, got {size}")
+    return [tuple(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix that every sequence starts with (0 for no sequences)."""
+    if not sequences:
+        return 0
+    shortest = min(len(s) for s in sequences)
+    first = sequences[0]
+    for i in range(shortest):
+        token = first[i]
+        if any(s[i] != token for s in sequences):
+            return i
+    return shortest
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """A micro-batch as right-padded tensors, row ``i`` being ``samples[i]``.
+
+    Attributes:
+        sequences: the token ids, unpadded (the scorers pad them themselves).
+        behaviour: ``[B, T]`` float32 behaviour logprobs (0.0 on prompt, tool output and padding).
+        mask: ``[B, T]`` float32, 1.0 on sampled tokens only.
+        advantages: ``[B]`` float32.
+    """
+
+    sequences: tuple[tuple[int, ...], ...]
+    behaviour: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+
+
+def pack_batch(samples: Sequence[Sample], device: torch.device | str = "cpu") -> PackedBatch:
+    """The tensors :func:`~toolgym.training.learn.loss.clipped_pg_loss` takes, with ``T`` = the longest sample."""
+    if not samples:
+        raise ValueError("pack_batch needs at least one sample")
+    length = max(len(s.trajectory.token_ids) for s in samples)
+    behaviour = torch.zeros((len(samples), length), device=device)
+    mask = torch.zeros((len(samples), length), device=device)
+    for i, sample in enumerate(samples):
+        t = sample.trajectory
+        behaviour[i, : len(t.logprobs)] = torch.tensor(t.logprobs, device=device)
+        mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32, device=device)
+    return PackedBatch(
+        sequences=tuple(tuple(s.trajectory.token_ids) for s in samples),
+        behaviour=behaviour,
+        mask=mask,
+        advantages=torch.tensor([s.advantage for s in samples], device=device),
+    )
+
+
+@dataclass(frozen=True)
+class LossSums:
+    """The step's loss metrics, summed over micro-batches.
+
+    Every term is already weighted for the whole step (the diagnostics divided by the step's token
+    count), so the sums are the full-batch values.
+    """
+
+    pg: float = 0.0
+    kl: float = 0.0
+    clip_frac: float = 0.0
+    ratio_mean: float = 0.0
+    mismatch_kl: float = 0.0
+    tis_frac: float = 0.0
+    dual_frac: float = 0.0
+    entropy: float = 0.0
+
+    def add(self, terms: LossTerms, mismatch_kl: float, entropy: float = 0.0) -> LossSums:
+        """These sums plus one micro-batch's terms, its behaviour/learner mismatch KL and entropy."""
+        return LossSums(
+            pg=self.pg + terms.pg,
+            kl=self.kl + terms.kl,
+            clip_frac=self.clip_frac + terms.clip_frac,
+            ratio_mean=self.ratio_mean + terms.ratio_mean,
+            mismatch_kl=self.mismatch_kl + mismatch_kl,
+            tis_frac=self.tis_frac + terms.tis_frac,
+            dual_frac=self.dual_frac + terms.dual_frac,
+            entropy=self.entropy + entropy,
+        )
+
+    def finite(self) -> bool:
+        """Whether every term is a finite number: a NaN or infinite loss term (from a non-finite
+        logprob, say) means the step's gradient cannot be trusted, whatever its norm."""
+        return all(math.isfinite(v) for v in self.as_dict().values())
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "pg": self.pg,
+            "kl": self.kl,
+            "clip_frac": self.clip_frac,
+            "ratio_mean": self.ratio_mean,
+            "mismatch_kl": self.mismatch_kl,
+            "tis_frac": self.tis_frac,
+            "dual_frac": self.dual_frac,
+            "entropy": self.entropy,
+        }
