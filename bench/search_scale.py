@@ -15,7 +15,7 @@ Per size and backend, each in a fresh process (so peak RSS is that backend's alo
 peak RSS of the build (the sum over the build's process tree, sampled every 50 ms: the default
 backend analyses in worker processes); index size on disk; cold start (a fresh ``python`` that
 imports toolgym, opens the index and answers one query, spawn to answer; best of 3) both as a later
-open finds the index (checksums verified before, see ``toolgym.tools.search.index_manifest``) and with
+open finds the index (checksums verified before, see ``toolgym.tools.search.index_files``) and with
 every checksum recomputed (``verify="full"``, what the first open of a copied index pays); peak RSS
 and q/s of a query process (k = 10, best of ``--rounds`` passes of ``search_batch`` over the queries
 with ``--threads``; ``--turns`` such processes per backend, the backends taking turns so a drifting

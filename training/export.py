@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.chat.formats import resolve_chat_format
-from toolgym.agents.policies.models import MANIFEST as CACHE_MANIFEST
-from toolgym.agents.policies.models import file_sha256, require_hf
+from toolgym.agents.policies.models import CACHE_FILES, HASHED_MAX_BYTES, require_hf
 from toolgym.agents.policies.run_exports import (
     CHAT_TEMPLATE,
     EXPORT_DIR,
@@ -45,6 +44,7 @@ from toolgym.agents.policies.run_exports import (
 )
 from toolgym.agents.policies.spec import resolve_model_dir
 from toolgym.errors import ConfigError
+from toolgym.file_table import file_table, sha256_file
 from toolgym.run_files import write_atomic
 from toolgym.training.checkpoint import load_checkpoint
 from toolgym.training.learn.lora import LoraSettings, apply_lora, is_lora, plain_state_dict
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 
 #: Exports kept per run besides step 0 (the warm start's, always kept): SmolLM2-135M in fp32 is ~540 MB each.
 DEFAULT_KEEP = 2
-_HASHED_MAX_BYTES = 32 * 1024 * 1024
 
 
 def base_model_info(model_dir: str | Path) -> dict[str, Any]:
@@ -67,7 +66,7 @@ def base_model_info(model_dir: str | Path) -> dict[str, Any]:
     model_dir = Path(model_dir)
     for name, read in (
         (EXPORT_MANIFEST, lambda m: m.get("base_model")),
-        (CACHE_MANIFEST, lambda m: {"name": m.get("source"), "sha256": m.get("source_sha256")}),
+        (CACHE_FILES, lambda m: {"name": m.get("source"), "sha256": m.get("source_sha256")}),
     ):
         path = model_dir / name
         if path.is_file():
@@ -79,7 +78,7 @@ def base_model_info(model_dir: str | Path) -> dict[str, Any]:
             if isinstance(info, dict) and info.get("name"):
                 return info
     config = model_dir / "config.json"
-    return {"name": str(model_dir), "sha256": file_sha256(config) if config.is_file() else None}
+    return {"name": str(model_dir), "sha256": sha256_file(config) if config.is_file() else None}
 
 
 def export_model(
@@ -248,13 +247,7 @@ def _write_manifest(
     base_model: dict[str, Any] | None,
     chat_format: str,
 ) -> None:
-    files: dict[str, dict[str, Any]] = {}
-    for path in sorted(directory.iterdir()):
-        if path.is_file():
-            meta: dict[str, Any] = {"size": path.stat().st_size}
-            if meta["size"] <= _HASHED_MAX_BYTES:
-                meta["sha256"] = file_sha256(path)
-            files[path.name] = meta
+    files = file_table(directory, exclude=(EXPORT_MANIFEST,), hash_max_bytes=HASHED_MAX_BYTES)
     dtype = next((str(p.dtype).removeprefix("torch.") for p in model.parameters()), "unknown")
     manifest = {
         "format": 1,

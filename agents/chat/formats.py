@@ -75,7 +75,8 @@ BOT, HEADER_START, HEADER_END, EOT, EOM = (
 BOS, EOS, INST, INST_END = "<s>", "</s>", "[INST]", "[/INST]"
 SYSTEM_PROMPT, SYSTEM_PROMPT_END = "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"
 TOOL_RESULTS, TOOL_RESULTS_END = "[TOOL_RESULTS]", "[/TOOL_RESULTS]"
-EXPORT_MANIFEST = "toolgym-export.json"  # the export manifest's name (toolgym.agents.policies.run_exports)
+#: An inference export's manifest (:mod:`toolgym.agents.policies.run_exports`): it records the chat format.
+EXPORT_MANIFEST = "toolgym-export.json"
 
 #: The special tokens each own format needs, each a single token of the vocabulary.
 REQUIRED: dict[str, tuple[str, ...]] = {

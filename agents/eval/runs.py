@@ -35,7 +35,7 @@ from toolgym.agents.eval.stats import paired_bootstrap
 from toolgym.agents.rollout import write_trajectories
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
-from toolgym.records.manifest import MANIFEST, manifest_differences, read_run_manifest
+from toolgym.records.manifest import RUN_MANIFEST, manifest_differences, read_run_manifest
 from toolgym.run_files import write_atomic
 
 __all__ = [
@@ -429,7 +429,7 @@ def _check_manifests(a: EvalRun, b: EvalRun, allow: Sequence[str]) -> None:
     for run in (a, b):
         if run.manifest is None:
             raise ConfigError(
-                f"{run.label} has no {MANIFEST} (it ran before toolgym recorded run manifests), so nothing says "
+                f"{run.label} has no {RUN_MANIFEST} (it ran before toolgym recorded run manifests), so nothing says "
                 "its data, index, prompts and verifier match the other run's. Fix: evaluate it again with "
                 "`--restart`, or pass `--allow manifest` to compare on the recorded settings alone"
             )

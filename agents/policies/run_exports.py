@@ -38,9 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.chat.chatml import IM_END, IM_START
-from toolgym.agents.chat.formats import CHAT_FORMATS, REQUIRED
-from toolgym.agents.policies.models import file_sha256, safetensors_problem
+from toolgym.agents.chat.formats import CHAT_FORMATS, EXPORT_MANIFEST, REQUIRED
+from toolgym.agents.policies.models import safetensors_problem
 from toolgym.errors import ConfigError
+from toolgym.file_table import table_problem
 from toolgym.parsing import RESPONSE_CLOSE, RESPONSE_OPEN
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 EXPORT_DIR = "export"
-EXPORT_MANIFEST = "toolgym-export.json"
 LATEST = "latest.json"
 #: The files an export must hold to be loadable by transformers and vLLM.
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -141,14 +141,9 @@ def export_problem(directory: str | Path) -> str | None:
     for name in REQUIRED_FILES:
         if name not in files:
             return f"{EXPORT_MANIFEST} does not list {name} (an export needs config, tokenizer and weights)"
-    for name, meta in files.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if not isinstance(meta, dict) or path.stat().st_size != meta.get("size"):
-            return f"{name} has {path.stat().st_size} bytes, the manifest says {meta}"
-        if "sha256" in meta and file_sha256(path) != meta["sha256"]:
-            return f"{name} does not match its sha256 (edited or corrupt)"
+    problem = table_problem(directory, files)
+    if problem is not None:
+        return problem
     problem = safetensors_problem(directory / "model.safetensors")
     if problem is not None:
         return problem

@@ -12,7 +12,7 @@ One directory per key, ``<cache_dir()>/arxiv-refs-<key>``, beside the search ind
 
     manifest.json, verified.json    key, input digests, settings, the search index's name and key,
                                     every file's size and sha256 (checked as an index's are:
-                                    toolgym.tools.search.index_manifest)
+                                    toolgym.tools.search.index_files)
     records.bin, …, papers.json     the linked collection (toolgym.tools.papers.store)
     tasks.jsonl, stats.json         the tasks (split labels included) and the linking counts
     banned.npy, banned_offsets.npy  per source paper, the record positions its tools never return
@@ -59,7 +59,7 @@ from toolgym.tools.papers.collection import Collection
 from toolgym.tools.papers.store import RecordStore, open_collection, write_collection
 from toolgym.tools.search.index import cache_dir, load_index
 from toolgym.tools.search.index_build import build_index
-from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, read_manifest, swap_in
+from toolgym.tools.search.index_files import FORMAT, MANIFEST, index_file_table, read_manifest, swap_in
 
 __all__ = ["CACHE_FORMAT", "PREFIX", "BannedIds", "CacheSettings", "Derived", "cache_key", "load_or_build"]
 
@@ -234,7 +234,7 @@ def _build(
                 "inputs": inputs,
                 "settings": settings.to_json(),
                 "index": index_ref,
-                "files": file_table(tmp),
+                "files": index_file_table(tmp),
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         _DIGESTS.clear()  # hash again: the build must have read the bytes the key names

@@ -4,7 +4,7 @@
 BM25 backends rank with Lucene's BM25 as Anserini configures it, the dense one by a sentence encoder's
 inner product; :func:`open_retriever` picks ``bm25``, ``dense`` or ``hybrid`` (both fused) as the
 environments do. Modules: ``index`` (build, cache, load) ·
-``index_manifest`` (its checked file table) · ``doc_store`` (the stored documents) · ``string_table``
+``index_files`` (its checked file table) · ``doc_store`` (the stored documents) · ``string_table``
 (memory-mapped string <-> position tables) · the default backend: ``bm25`` (analysis, Lucene's float
 arithmetic), ``bm25_tokenize`` (Lucene's word segmentation), ``porter`` (Lucene's Porter stemmer),
 ``bm25_build`` (spilling postings build), ``bm25_workers`` (its analysis subprocesses), ``bm25_search``

@@ -22,7 +22,7 @@ Hybrid retrieval fuses a BM25 index and a dense index of the same corpus
 On-disk layout (one directory per index)::
 
     manifest.json        format, backend, cache key, corpus hash, settings, size and sha256 of every file
-    verified.json        when each file's checksum was last verified (see index_manifest)
+    verified.json        when each file's checksum was last verified (see index_files)
     docs.bin, docs_offsets.npy, docs_ids.*
                          the document store (toolgym.tools.search.doc_store): texts and external ids
     bm25*.npy, bm25*.bin, bm25.json / lucene/ / dense*
@@ -34,7 +34,7 @@ streams its corpus, each document checked, hashed and appended to the store as i
 holds ids, not texts, and writes into a temporary sibling directory renamed into place only when
 complete, so a killed build leaves no half-index under the real name. This module opens. Opening checks
 every file against the manifest, its size always and its sha256 unless the file is unchanged since
-it was last verified (:mod:`toolgym.tools.search.index_manifest`): a truncated or altered index is never
+it was last verified (:mod:`toolgym.tools.search.index_files`): a truncated or altered index is never
 used silently. :func:`build_index` then logs a warning and rebuilds it (it has the corpus);
 :func:`load_index` raises :class:`~toolgym.errors.BackendError` saying how to fix it. Opening reads no
 file whole, so it costs the same for a thousand documents or a million.
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from toolgym.errors import BackendError, ConfigError, ToolCallError, did_you_mean
 from toolgym.tools.search.bm25 import anserini_display
 from toolgym.tools.search.doc_store import DocumentStore
-from toolgym.tools.search.index_manifest import fix_hint, read_manifest
+from toolgym.tools.search.index_files import fix_hint, read_manifest
 
 if TYPE_CHECKING:
     from toolgym.tools.search.dense import DenseSettings
@@ -321,7 +321,7 @@ def load_index(
     Args:
         path: The index directory.
         verify: ``True``: sizes, and checksums of files not verified unchanged since; ``"full"``: every
-            checksum; ``False``: sizes only (:func:`toolgym.tools.search.index_manifest.read_manifest`).
+            checksum; ``False``: sizes only (:func:`toolgym.tools.search.index_files.read_manifest`).
         dense: For a dense index: the encoder to embed queries with and how to search; unset fields
             come from the index (its encoder's directory when still there, its prefixes and window).
 

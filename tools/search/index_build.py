@@ -31,7 +31,7 @@ from toolgym.data import iter_jsonl
 from toolgym.errors import BackendError, ConfigError
 from toolgym.tools.search.doc_store import DOC_FILES, DocumentStore, DocumentWriter
 from toolgym.tools.search.index import Index, cache_dir, check_backend
-from toolgym.tools.search.index_manifest import FORMAT, MANIFEST, file_table, read_manifest, swap_in
+from toolgym.tools.search.index_files import FORMAT, MANIFEST, index_file_table, read_manifest, swap_in
 
 if TYPE_CHECKING:
     from toolgym.tools.search.dense import DenseSettings
@@ -191,7 +191,7 @@ def _index_files(
         "corpus_sha256": corpus_sha,
         "settings": settings,
         "n_docs": len(ids),
-        "files": file_table(tmp),
+        "files": index_file_table(tmp),
     }
     if dense is not None:  # where the encoder was: a hint for load_index, not part of the key
         manifest["encoder_path"] = str(dense[0].info.path)

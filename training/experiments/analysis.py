@@ -22,13 +22,14 @@ Decisions (part of the contract):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from toolgym.training.experiments.html import read_jsonl
 
 __all__ = [
     "LearningSummary",
@@ -78,15 +79,7 @@ class LearningSummary:
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: pass the directory a `toolgym train --out DIR` run wrote")
-    records = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not a JSON line ({exc})") from exc
-    return records
+    return read_jsonl(path)
 
 
 def read_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[int, list[float]]]:

@@ -7,7 +7,7 @@ response length, entropy: each drawn when some arm logged it), each arm's settin
 time. Each arm's own run report is written too (``DIR/<arm>/report.html``) and linked.
 
 NOTE (escaping): as in the run report, every value from the set's files reaches the page escaped
-(:func:`~toolgym.training.experiments.report._e`, :func:`~toolgym.training.experiments.report._f`). An arm's name is checked
+(:func:`~toolgym.training.experiments.html.text`, :func:`~toolgym.training.experiments.html.num`). An arm's name is checked
 to be one toolgym gives (letters, digits, ``-``, ``_``) before anything is read or written: it is a
 folder of the set and a relative link, so ``../elsewhere`` or ``javascript:...`` is refused.
 """
@@ -23,7 +23,8 @@ from typing import Any
 from toolgym.errors import ConfigError
 from toolgym.run_files import write_atomic
 from toolgym.training.experiments.arms import _NAME
-from toolgym.training.experiments.report import _e, _f, _number, _read_jsonl, _svg_plot, write_report
+from toolgym.training.experiments.html import html_page, num, number, read_jsonl, svg_plot, text
+from toolgym.training.experiments.report import write_report
 
 __all__ = ["ARM_PLOTS", "is_arms_dir", "write_arms_report"]
 
@@ -48,7 +49,7 @@ def is_arms_dir(path: str | Path) -> bool:
 def _plots(metrics: dict[str, list[dict[str, Any]]]) -> str:
     keys = sorted({k for rows in metrics.values() for row in rows for k in row})
     steps = sorted(
-        {_number(row.get("step", i + 1)) for rows in metrics.values() for i, row in enumerate(rows)}
+        {number(row.get("step", i + 1)) for rows in metrics.values() for i, row in enumerate(rows)}
     )
     out = []
     for title, pattern in ARM_PLOTS:
@@ -56,7 +57,7 @@ def _plots(metrics: dict[str, list[dict[str, Any]]]) -> str:
             series = {}
             for arm, rows in metrics.items():
                 by_step = {
-                    _number(r.get("step", i + 1)): _number(r[key]) for i, r in enumerate(rows) if key in r
+                    number(r.get("step", i + 1)): number(r[key]) for i, r in enumerate(rows) if key in r
                 }
                 if by_step:
                     series[arm] = [by_step.get(s, math.nan) for s in steps]
@@ -65,7 +66,7 @@ def _plots(metrics: dict[str, list[dict[str, Any]]]) -> str:
             ):
                 continue  # nothing was compacted
             if series:
-                out.append(_svg_plot(title.format(key=key), steps, series))
+                out.append(svg_plot(title.format(key=key), steps, series))
     return "".join(out) or "<p>No arm has logged a step yet.</p>"
 
 
@@ -75,40 +76,40 @@ def _table(arms_json: dict[str, Any]) -> str:
         return "<p>No paired table: the set is not finished, or its arms have no held-out evaluation.</p>"
     tracks = results["tracks"]
     by = {(c["arm"], c["track"]): c for c in results["comparisons"]}
-    head = "".join(f'<th colspan="3">{_e(t)}</th>' for t in tracks)
+    head = "".join(f'<th colspan="3">{text(t)}</th>' for t in tracks)
     sub = "<th>reward</th><th>&Delta; [CI]</th><th>p (Holm)</th>" * len(tracks)
     rows = []
     for arm in results["arms"]:
-        cells = [f"<td>{_e(arm)}{' (baseline)' if arm == results['baseline'] else ''}</td>"]
+        cells = [f"<td>{text(arm)}{' (baseline)' if arm == results['baseline'] else ''}</td>"]
         for track in tracks:
-            cells.append(f"<td>{_f(results['rewards'][arm][track], '.3f')}</td>")
+            cells.append(f"<td>{num(results['rewards'][arm][track], '.3f')}</td>")
             c = by.get((arm, track))
             if c is None:
                 cells.append("<td>&mdash;</td><td>&mdash;</td>")
             else:
-                p = "&lt;0.001" if _number(c["p_holm"]) < 0.001 else _f(c["p_holm"], ".3f")
+                p = "&lt;0.001" if number(c["p_holm"]) < 0.001 else num(c["p_holm"], ".3f")
                 low, high = c["ci"]
                 cells.append(
-                    f"<td>{_f(c['diff'], '+.3f')} [{_f(low, '+.3f')}, {_f(high, '+.3f')}]</td><td>{p}</td>"
+                    f"<td>{num(c['diff'], '+.3f')} [{num(low, '+.3f')}, {num(high, '+.3f')}]</td><td>{p}</td>"
                 )
         rows.append("<tr>" + "".join(cells) + "</tr>")
     corr = results["correction"]
     untrained = arms_json.get("untrained") or {}
     names = {"base": "the untrained base model", "control": "the warm-start export (RL's control)"}
     context = "".join(
-        f"<li>{_e(names.get(label, label))}, shared by every arm: "
-        + ", ".join(f"{_e(t)} {_f(v, '.3f')}" for t, v in values.items())
+        f"<li>{text(names.get(label, label))}, shared by every arm: "
+        + ", ".join(f"{text(t)} {num(v, '.3f')}" for t, v in values.items())
         + "</li>"
         for label, values in untrained.items()
     )
     h = results["heldout"]
     simultaneous = (
-        _f(1 - corr["alpha"], ".0%") if isinstance(corr["alpha"], int | float) else _e(corr["alpha"])
+        num(1 - corr["alpha"], ".0%") if isinstance(corr["alpha"], int | float) else text(corr["alpha"])
     )
-    return f"""<p>{_e(h.get("env_id"))}, split <b>{_e(h.get("split"))}</b>, {_e(h.get("n"))} tasks,
-seed {_e(h.get("seed"))}, greedy; reward: {_e(h.get("metric"))}. &Delta; = arm &minus; baseline on the same
-tasks and seeds. Intervals: paired bootstrap ({_e(corr["resamples"])} resamples) at level {_f(corr["interval_level"], ".4f")}
-(Bonferroni over the m = {_e(corr["family"])} comparisons: simultaneous {simultaneous}); p: two-sided
+    return f"""<p>{text(h.get("env_id"))}, split <b>{text(h.get("split"))}</b>, {text(h.get("n"))} tasks,
+seed {text(h.get("seed"))}, greedy; reward: {text(h.get("metric"))}. &Delta; = arm &minus; baseline on the same
+tasks and seeds. Intervals: paired bootstrap ({text(corr["resamples"])} resamples) at level {num(corr["interval_level"], ".4f")}
+(Bonferroni over the m = {text(corr["family"])} comparisons: simultaneous {simultaneous}); p: two-sided
 paired-bootstrap p-values, Holm&ndash;Bonferroni-adjusted over m.</p>
 <table id="arms"><tr><th rowspan="2">arm</th>{head}</tr><tr>{sub}</tr>{"".join(rows)}</table>
 {f"<ul>{context}</ul>" if context else ""}"""
@@ -128,38 +129,30 @@ def write_arms_report(out_dir: str | Path) -> Path:
                 "(letters, digits, '-', '_'); the file was changed outside toolgym"
             )
     records = {a["name"]: a for a in arms_json.get("arms", [])}
-    metrics = {a["name"]: _read_jsonl(out / a["name"] / "metrics.jsonl") for a in plan["arms"]}
+    metrics = {a["name"]: read_jsonl(out / a["name"] / "metrics.jsonl") for a in plan["arms"]}
     settings = []
     for arm in plan["arms"]:
         name = arm["name"]
         link = ""
         if metrics[name]:
             write_report(out / name)
-            link = f' (<a href="{_e(name)}/report.html">run report</a>)'
+            link = f' (<a href="{text(name)}/report.html">run report</a>)'
         record = records.get(name, {})
         wall = record.get("wall_s")
         status = record.get("status") or ("trained" if metrics[name] else "not started")
         settings.append(
-            f"<tr><td>{_e(name)}{link}</td><td>{_e(arm.get('description') or '')}</td>"
-            f"<td>{_e(', '.join(map(str, arm['set'])) or '(the base settings)')}</td>"
-            f"<td>{_e(status)}</td><td>{'' if wall is None else _f(wall, '.0f') + ' s'}</td>"
-            f"<td><code>{_e(arm['command'])}</code></td></tr>"
+            f"<tr><td>{text(name)}{link}</td><td>{text(arm.get('description') or '')}</td>"
+            f"<td>{text(', '.join(map(str, arm['set'])) or '(the base settings)')}</td>"
+            f"<td>{text(status)}</td><td>{'' if wall is None else num(wall, '.0f') + ' s'}</td>"
+            f"<td><code>{text(arm['command'])}</code></td></tr>"
         )
-    notes = "".join(f"<li>{_e(n)}</li>" for n in plan.get("notes", []))
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>toolgym arms report: {_e(out.name)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
-.plots {{ display: flex; flex-wrap: wrap; gap: 1em; }}
-figure.plot {{ margin: 0; border: 1px solid #ddd; padding: .4em; }}
-figcaption {{ font-weight: 600; }}
-table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .2em .6em; }}
-#arms td {{ white-space: nowrap; }}
-</style></head>
-<body>
-<h1>Arms {_e(out.name)}</h1>
-<p id="description">{_e(str(plan.get("description") or "").rstrip(".") + ".")} Baseline arm: <b>{_e(plan["baseline"])}</b>;
-base config: {_e(plan.get("config") or "the defaults")}.</p>
+    notes = "".join(f"<li>{text(n)}</li>" for n in plan.get("notes", []))
+    page = html_page(
+        f"toolgym arms report: {out.name}",
+        "#arms td {{ white-space: nowrap; }}",
+        f"""<h1>Arms {text(out.name)}</h1>
+<p id="description">{text(str(plan.get("description") or "").rstrip(".") + ".")} Baseline arm: <b>{text(plan["baseline"])}</b>;
+base config: {text(plan.get("config") or "the defaults")}.</p>
 {f"<ul>{notes}</ul>" if notes else ""}
 <h2>Held-out, paired with the baseline arm</h2>
 {_table(arms_json)}
@@ -167,9 +160,8 @@ base config: {_e(plan.get("config") or "the defaults")}.</p>
 <div class="plots">{_plots(metrics)}</div>
 <h2>Arms</h2>
 <table id="arm-settings"><tr><th>arm</th><th>description</th><th>its settings</th><th>status</th><th>wall time</th><th>command</th></tr>
-{"".join(settings)}</table>
-</body></html>
-"""
+{"".join(settings)}</table>""",
+    )
     path = out / "report.html"
     write_atomic(path, page)  # never through a link planted at its name
     return path

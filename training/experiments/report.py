@@ -4,8 +4,10 @@ No network and no JavaScript libraries: plots are inline SVG drawn here, the vie
 ``<details>`` elements. The viewer shows each sampled episode's messages, tool calls and results, and
 which spans were trained (mask 1, the assistant's sampled tokens) versus context (mask 0).
 
-NOTE (escaping): every value read from a run file reaches the page through :func:`_e` (text, quotes
-included) or :func:`_f` (a number, or, when the field holds anything else, that shown as text): a run
+NOTE (escaping): every value read from a run file reaches the page through
+:func:`~toolgym.training.experiments.html.text` (text, quotes included) or
+:func:`~toolgym.training.experiments.html.num` (a number, or, when the field holds anything else,
+that shown as text): a run
 directory may come from anyone, and a field such as a trajectory's ``stop_reason`` is whatever its file
 says. The page has no script and no inline JSON, so there is nothing else to escape. It is written
 without following a link planted at its name (:func:`toolgym.run_files.write_atomic`).
@@ -14,7 +16,6 @@ without following a link planted at its name (:func:`toolgym.run_files.write_ato
 from __future__ import annotations
 
 import fnmatch
-import html
 import json
 import math
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.run_files import write_atomic
+from toolgym.training.experiments.html import html_page, num, number, read_jsonl, svg_plot, text
 from toolgym.training.heldout.curve import read_curve
 from toolgym.training.heldout.table import read_heldout
 
@@ -43,32 +45,7 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Groups per step (drawn, informative)", ("groups/drawn", "groups/informative")),
     ("Learning rate", ("train/lr",)),
 )
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 MAX_TRAJECTORIES = 48
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _e(value: Any) -> str:
-    """A value from a run file as HTML text: escaped, quotes included (safe in attributes too)."""
-    return html.escape(str(value))
-
-
-def _f(value: Any, spec: str) -> str:
-    """A number from a run file formatted with ``spec``; any other value (a damaged or planted field)
-    is shown as escaped text rather than breaking the page."""
-    if isinstance(value, int | float):
-        return format(value, spec)
-    return _e(value)
-
-
-def _number(value: Any) -> float:
-    """A metric value as a float; anything that is not a number is a gap (NaN) in its plot."""
-    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def mask_runs(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
@@ -82,51 +59,8 @@ def mask_runs(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _svg_plot(
-    title: str, steps: list[float], series: dict[str, list[float]], width: int = 460, height: int = 220
-) -> str:
-    left, right, top, bottom = 48, 10, 24, 28
-    values = [v for ys in series.values() for v in ys if not math.isnan(v)]
-    if not steps or not values:
-        return f'<figure class="plot"><figcaption>{html.escape(title)}</figcaption><p>no data</p></figure>'
-    lo, hi = min(values), max(values)
-    if hi == lo:
-        lo, hi = lo - 0.5, hi + 0.5
-    x0, x1 = min(steps), max(steps)
-    span = (x1 - x0) or 1.0
-
-    def sx(x: float) -> float:
-        return left + (x - x0) / span * (width - left - right)
-
-    def sy(y: float) -> float:
-        return top + (hi - y) / (hi - lo) * (height - top - bottom)
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">',
-        f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#888"/>',
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>',
-        f'<text x="4" y="{top + 4}" font-size="10">{hi:.3g}</text>',
-        f'<text x="4" y="{height - bottom}" font-size="10">{lo:.3g}</text>',
-        f'<text x="{left}" y="{height - 8}" font-size="10">step {x0:g}</text>',
-        f'<text x="{width - right - 50}" y="{height - 8}" font-size="10">step {x1:g}</text>',
-    ]
-    for i, (name, ys) in enumerate(series.items()):
-        color = COLORS[i % len(COLORS)]
-        points = " ".join(
-            f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(steps, ys, strict=True) if not math.isnan(y)
-        )
-        parts.append(
-            f'<polyline class="series" data-key="{html.escape(name)}" fill="none" stroke="{color}" stroke-width="2" points="{points}"/>'
-        )
-        parts.append(
-            f'<text x="{left + 8 + 150 * (i % 3)}" y="{14 + 12 * (i // 3)}" font-size="11" fill="{color}">{html.escape(name)}</text>'
-        )
-    parts.append("</svg>")
-    return f'<figure class="plot"><figcaption>{html.escape(title)}</figcaption>{"".join(parts)}</figure>'
-
-
 def _plots(metrics: list[dict[str, Any]]) -> str:
-    steps = [_number(m.get("step", i + 1)) for i, m in enumerate(metrics)]
+    steps = [number(m.get("step", i + 1)) for i, m in enumerate(metrics)]
     keys = sorted({str(k) for m in metrics for k in m})
     out = []
     for title, wanted in PLOTS:
@@ -144,8 +78,8 @@ def _plots(metrics: list[dict[str, Any]]) -> str:
         if names == ["env/segments_mean"] and all(m.get(names[0], 1.0) == 1.0 for m in metrics):
             continue  # nothing was compacted
         gap = {name: math.nan if name.startswith("env/") else 0.0 for name in names}
-        series = {name: [_number(m.get(name, gap[name])) for m in metrics] for name in names}
-        out.append(_svg_plot(title, steps, series))
+        series = {name: [number(m.get(name, gap[name])) for m in metrics] for name in names}
+        out.append(svg_plot(title, steps, series))
     return "\n".join(out)
 
 
@@ -159,8 +93,8 @@ def _segment_html(segment: dict[str, Any], index: int, summary_tokens: int) -> s
         "turn(s) left out"
     )
     label = f"segment {index + 1} · context compacted before turn {segment['start_turn']}: {what}"
-    body = _e(segment["summary"]) if segment.get("summary") else ""
-    return f'<div class="msg segment"><div class="role">{_e(label)}</div><pre>{body}</pre></div>'
+    body = text(segment["summary"]) if segment.get("summary") else ""
+    return f'<div class="msg segment"><div class="role">{text(label)}</div><pre>{body}</pre></div>'
 
 
 def _trajectory_html(record: dict[str, Any]) -> str:
@@ -176,12 +110,12 @@ def _trajectory_html(record: dict[str, Any]) -> str:
     starts = {s["start_turn"]: k + 1 for k, s in enumerate(segments)}
     tools = t["allowed_tools"]
     head = (
-        f"step {_e(record['step'])} · task {_e(t['task_id'])} · reward {_f(t['reward'], '.3f')} · advantage "
-        f"{_f(record['advantage'], '+.3f')} · {_e(t['status'])} · tools "
-        f"{_e(', '.join(map(str, tools)) if isinstance(tools, list) else tools)} · "
+        f"step {text(record['step'])} · task {text(t['task_id'])} · reward {num(t['reward'], '.3f')} · advantage "
+        f"{num(record['advantage'], '+.3f')} · {text(t['status'])} · tools "
+        f"{text(', '.join(map(str, tools)) if isinstance(tools, list) else tools)} · "
         f"{'trained' if record['trained'] else 'not trained'}"
         + (f" · {len(masks)} segments" if segments else "")
-        + (f" · stopped: {_e(t['stop_reason'])}" if t.get("stop_reason") else "")
+        + (f" · stopped: {text(t['stop_reason'])}" if t.get("stop_reason") else "")
     )
     rows = []
     sampled = iter(runs)
@@ -204,7 +138,7 @@ def _trajectory_html(record: dict[str, Any]) -> str:
             label = f"{role}{' / ' + str(message['name']) if 'name' in message else ''} · context (mask 0)"
             cls = "msg context"
         rows.append(
-            f'<div class="{cls}"><div class="role">{_e(label)}</div><pre>{_e(message["content"])}</pre></div>'
+            f'<div class="{cls}"><div class="role">{text(label)}</div><pre>{text(message["content"])}</pre></div>'
         )
     return f'<details class="trajectory"><summary>{head}</summary>{"".join(rows)}</details>'
 
@@ -218,16 +152,16 @@ def _heldout_html(run_dir: Path) -> str:
     control = any("control" in r for r in summary["tracks"])
 
     def cell(r: dict[str, Any], key: str, fmt: str = ".3f") -> str:
-        return f"<td>{_f(r[key], fmt)}</td>" if key in r else "<td></td>"
+        return f"<td>{num(r[key], fmt)}</td>" if key in r else "<td></td>"
 
     def interval(r: dict[str, Any], key: str) -> str:
         if key not in r:
             return "<td></td>"
         low, high = r[key] if isinstance(r[key], list) and len(r[key]) == 2 else (r[key], "")
-        return f"<td>[{_f(low, '+.3f')}, {_f(high, '+.3f')}]</td>"
+        return f"<td>[{num(low, '+.3f')}, {num(high, '+.3f')}]</td>"
 
     rows = "".join(
-        f"<tr><td>{_e(r['harness'])}</td>{cell(r, 'base')}"
+        f"<tr><td>{text(r['harness'])}</td>{cell(r, 'base')}"
         + (cell(r, "control") if control else "")
         + f"{cell(r, 'trained')}{cell(r, 'diff', '+.3f')}{interval(r, 'ci')}"
         + (f"{cell(r, 'rl_diff', '+.3f')}{interval(r, 'rl_ci')}" if control else "")
@@ -241,14 +175,14 @@ def _heldout_html(run_dir: Path) -> str:
     reused = summary.get("reused") or {}
     note = (
         " Reused from earlier runs (same tasks, seeds, environment and weights): "
-        + ", ".join(f"{_e(k)} from {_e(v)}" for k, v in reused.items())
+        + ", ".join(f"{text(k)} from {text(v)}" for k, v in reused.items())
         + "."
         if reused
         else ""
     )
     return f"""<h2>Held-out evaluation</h2>
-<p>{_e(summary["env_id"])}, split <b>{_e(summary["split"])}</b> (never trained on),
-{_e(summary["n"])} tasks, greedy, same tasks and seeds for every policy. Reward: {_e(summary["metric"])};
+<p>{text(summary["env_id"])}, split <b>{text(summary["split"])}</b> (never trained on),
+{text(summary["n"])} tasks, greedy, same tasks and seeds for every policy. Reward: {text(summary["metric"])};
 differences are paired, with bootstrap 95% intervals; <i>pooled</i> pairs each task across tracks
 (its mean over tracks; tasks resampled).{" The control is the warm-start export: with train.lr = 0 the run would end there, so trained &minus; control is RL's own share." if control else ""}{note}</p>
 <table id="heldout"><tr><th>track</th>{head}
@@ -262,16 +196,16 @@ def _curve_html(run_dir: Path) -> str:
     if not points:
         return ""
     keys = sorted({k for p in points for k in p if k.startswith("heldout_curve/")})
-    series = {k.removeprefix("heldout_curve/"): [_number(p.get(k, math.nan)) for p in points] for k in keys}
-    steps = [_number(p["step"]) for p in points]
-    plot = _svg_plot("Held-out reward and EM during training (greedy)", steps, series)
+    series = {k.removeprefix("heldout_curve/"): [number(p.get(k, math.nan)) for p in points] for k in keys}
+    steps = [number(p["step"]) for p in points]
+    plot = svg_plot("Held-out reward and EM during training (greedy)", steps, series)
     rows = "".join(
-        f"<tr><td>{_f(p['step'], '.0f')}</td>"
-        + "".join(f"<td>{_f(p.get(k, math.nan), '.3f')}</td>" for k in keys)
+        f"<tr><td>{num(p['step'], '.0f')}</td>"
+        + "".join(f"<td>{num(p.get(k, math.nan), '.3f')}</td>" for k in keys)
         + "</tr>"
         for p in points
     )
-    head = "".join(f"<th>{_e(k.removeprefix('heldout_curve/'))}</th>" for k in keys)
+    head = "".join(f"<th>{text(k.removeprefix('heldout_curve/'))}</th>" for k in keys)
     return f"""<h2>Held-out curve</h2><div class="plots">{plot}</div>
 <table id="heldout-curve"><tr><th>step</th>{head}</tr>{rows}</table>"""
 
@@ -289,11 +223,11 @@ def _prompts_html(run_dir: Path, metrics: list[dict[str, Any]], events: list[dic
         else {}
     )
     stages = config.get("curriculum", {}).get("stages") or []
-    last = _number(metrics[-1].get("step")) if metrics else math.nan
+    last = number(metrics[-1].get("step")) if metrics else math.nan
     if stages and metrics and math.isfinite(last):
         changes = [(0, 0)]
         for e in events:  # an event that is not one toolgym writes (not numbers, no such stage) moves nothing
-            step, to = _number(e.get("step", 0)), e.get("to")
+            step, to = number(e.get("step", 0)), e.get("to")
             if "env" not in e and math.isfinite(step) and isinstance(to, int) and 0 <= to < len(stages):
                 changes.append((int(step), to))
         for (begin, stage), (end, _) in zip(changes, [*changes[1:], (int(last), 0)], strict=True):
@@ -302,7 +236,7 @@ def _prompts_html(run_dir: Path, metrics: list[dict[str, Any]], events: list[dic
                     (f"RL steps {begin + 1}-{end} (stage {stage})", ", ".join(map(str, stages[stage])))
                 )
     elif metrics:
-        rows.append((f"RL steps 1-{_f(metrics[-1].get('step'), '.0f')}", "every tool of the environment"))
+        rows.append((f"RL steps 1-{num(metrics[-1].get('step'), '.0f')}", "every tool of the environment"))
     summary = read_heldout(run_dir)
     if summary is not None:
         rows.append(
@@ -310,9 +244,9 @@ def _prompts_html(run_dir: Path, metrics: list[dict[str, Any]], events: list[dic
         )
     if not rows:
         return ""
-    body = "".join(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for a, b in rows)
-    informative = sum(_number(m.get("groups/informative", 0.0)) for m in metrics)
-    drawn = sum(_number(m.get("groups/drawn", 0.0)) for m in metrics)
+    body = "".join(f"<tr><td>{text(a)}</td><td>{text(b)}</td></tr>" for a, b in rows)
+    informative = sum(number(m.get("groups/informative", 0.0)) for m in metrics)
+    drawn = sum(number(m.get("groups/drawn", 0.0)) for m in metrics)
     groups = (
         f'<p id="groups">{informative:.0f} of {drawn:.0f} groups drawn had reward variance and trained.</p>'
         if drawn > 0
@@ -327,24 +261,24 @@ def _warm_start_html(run_dir: Path) -> str:
     if not path.is_file():
         return ""
     w = json.loads(path.read_text(encoding="utf-8"))
-    losses = ", ".join(_f(x, ".3f") for x in w["epoch_losses"])
+    losses = ", ".join(num(x, ".3f") for x in w["epoch_losses"])
     return f"""<h2>Warm start</h2>
-<p id="warm-start">Rejection-sampled fine-tune before RL: {_e(w["sampled"])} episodes sampled from the untrained
-policy on {_e(w["tasks"])} training tasks (mean reward {_f(w["mean_reward"], ".3f")}); {_e(w["kept"])} kept from
-{_e(w["tasks_with_success"])} tasks (mean reward {_f(w["mean_kept_reward"], ".3f")}), {_e(w["tokens"])} sampled tokens;
-loss per epoch {losses}; {_f(w["seconds"], ".0f")} s.</p>"""
+<p id="warm-start">Rejection-sampled fine-tune before RL: {text(w["sampled"])} episodes sampled from the untrained
+policy on {text(w["tasks"])} training tasks (mean reward {num(w["mean_reward"], ".3f")}); {text(w["kept"])} kept from
+{text(w["tasks_with_success"])} tasks (mean reward {num(w["mean_kept_reward"], ".3f")}), {text(w["tokens"])} sampled tokens;
+loss per epoch {losses}; {num(w["seconds"], ".0f")} s.</p>"""
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Render ``run_dir``'s logs into ``report.html`` (or ``out``) and return the file's path."""
     run_dir = Path(run_dir)
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     if not metrics:
         raise FileNotFoundError(
             f"{run_dir} has no metrics.jsonl lines: is it a toolgym training run directory?"
         )
-    records = _read_jsonl(run_dir / "trajectories.jsonl")
-    events = _read_jsonl(run_dir / "curriculum.jsonl")
+    records = read_jsonl(run_dir / "trajectories.jsonl")
+    events = read_jsonl(run_dir / "curriculum.jsonl")
     config = (
         (run_dir / "config.json").read_text(encoding="utf-8") if (run_dir / "config.json").exists() else "{}"
     )
@@ -352,14 +286,14 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         half = MAX_TRAJECTORIES // 2
         records = records[:half] + records[-half:]
     stage_rows = "".join(
-        f"<tr><td>{_e(e.get('step', ''))}</td><td>{_e(e['from'])} → {_e(e['to'])}</td><td>{_e(str(e['env']) + ': ' if 'env' in e else '')}{_e(e['signal'])}</td><td>{_e(', '.join(map(str, e['tools'])))}</td></tr>"
+        f"<tr><td>{text(e.get('step', ''))}</td><td>{text(e['from'])} → {text(e['to'])}</td><td>{text(str(e['env']) + ': ' if 'env' in e else '')}{text(e['signal'])}</td><td>{text(', '.join(map(str, e['tools'])))}</td></tr>"
         for e in events
     )
     heldout = _heldout_html(run_dir) + _curve_html(run_dir)
     warm = _warm_start_html(run_dir) + _prompts_html(run_dir, metrics, events)
     last = metrics[-1]
     summary = ", ".join(
-        f"{k} = {_f(last[k], '.3f')}"
+        f"{k} = {num(last[k], '.3f')}"
         for k in ("reward/mean", "reward/shaped_mean", "curriculum/stage")
         if k in last
     )
@@ -367,29 +301,21 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     guard = (
         f"""<p id="skipped" class="warning">{len(skipped)} step(s) skipped: a trained logprob, the loss or
 the gradient norm was not finite, so the optimizer update was dropped and every weight kept (steps
-{_e(", ".join(str(int(m["step"])) if isinstance(m.get("step"), int | float) else "?" for m in skipped))};
+{text(", ".join(str(int(m["step"])) if isinstance(m.get("step"), int | float) else "?" for m in skipped))};
 their groups are in <code>nonfinite/</code>).</p>"""
         if skipped
         else ""
     )
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>toolgym run report: {html.escape(run_dir.name)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
-.plots {{ display: flex; flex-wrap: wrap; gap: 1em; }}
-figure.plot {{ margin: 0; border: 1px solid #ddd; padding: .4em; }}
-figcaption {{ font-weight: 600; }}
-.msg {{ margin: .3em 0 .3em 1em; padding: .2em .5em; border-left: 4px solid #bbb; }}
+    page = html_page(
+        f"toolgym run report: {run_dir.name}",
+        """.msg {{ margin: .3em 0 .3em 1em; padding: .2em .5em; border-left: 4px solid #bbb; }}
 .msg.trained {{ border-color: #2ca02c; background: #f1faf1; }}
 .msg.context {{ background: #f7f7f7; }}
 .msg.segment {{ border-color: #ff7f0e; background: #fff6ec; }}
 .role {{ font-size: .8em; color: #555; }}
 pre {{ white-space: pre-wrap; margin: .2em 0; }}
-table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .2em .6em; }}
-.warning {{ border-left: 4px solid #d62728; background: #fdf0f0; padding: .3em .6em; }}
-</style></head>
-<body>
-<h1>Run {html.escape(run_dir.name)}</h1>
+.warning {{ border-left: 4px solid #d62728; background: #fdf0f0; padding: .3em .6em; }}""",
+        f"""<h1>Run {text(run_dir.name)}</h1>
 <p id="summary">{len(metrics)} steps. Last step: {summary}.</p>
 {guard}
 {heldout}
@@ -403,9 +329,8 @@ table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding
 tool results and harness text (mask 0), never trained. Orange: a compacted episode went on in a new
 token sequence (segment); every segment trains with the episode's advantage.</p>
 <div id="trajectories">{"".join(_trajectory_html(r) for r in records)}</div>
-<h2>Config</h2><pre id="config">{_e(config)}</pre>
-</body></html>
-"""
+<h2>Config</h2><pre id="config">{text(config)}</pre>""",
+    )
     path = Path(out) if out is not None else run_dir / "report.html"
     write_atomic(path, page)  # never through a link planted at its name
     return path

@@ -32,7 +32,7 @@ from toolgym.errors import ConfigError
 from toolgym.run_files import write_atomic
 
 __all__ = [
-    "MANIFEST",
+    "RUN_MANIFEST",
     "TASK_FIELDS",
     "env_fingerprint",
     "flatten",
@@ -45,7 +45,7 @@ __all__ = [
     "write_run_manifest",
 ]
 
-MANIFEST = "manifest.json"
+RUN_MANIFEST = "manifest.json"
 FORMAT = 1
 #: Dotted prefixes of the fields that decide the task and its scoring (compared strictly).
 TASK_FIELDS = (
@@ -197,7 +197,7 @@ def run_manifest(
 
 
 def write_run_manifest(out_dir: str | Path, manifest: Mapping[str, Any]) -> Path:
-    path = Path(out_dir) / MANIFEST
+    path = Path(out_dir) / RUN_MANIFEST
     write_atomic(path, json.dumps(manifest, indent=2, default=str) + "\n")  # never through a planted link
     return path
 
@@ -208,7 +208,7 @@ def read_run_manifest(run_dir: str | Path) -> dict[str, Any] | None:
     Raises:
         ConfigError: an unreadable manifest, or one written by a newer toolgym (its format is unknown).
     """
-    path = Path(run_dir) / MANIFEST
+    path = Path(run_dir) / RUN_MANIFEST
     if not path.is_file():
         return None
     try:

@@ -13,7 +13,7 @@ from toolgym.agents.eval.runs import check_resumable, compare_runs, load_eval_ru
 from toolgym.agents.policies.factory import policy_factory
 from toolgym.cli import main
 from toolgym.errors import ConfigError
-from toolgym.records.manifest import MANIFEST, flatten, manifest_differences, read_run_manifest
+from toolgym.records.manifest import RUN_MANIFEST, flatten, manifest_differences, read_run_manifest
 
 SEARCH = "toolgym/SearchQA-v0"
 
@@ -36,13 +36,13 @@ def _eval(out: Path, n: int = 2, **env_kwargs) -> None:
 
 
 def _edit_manifest(run: Path, key: str, value) -> None:
-    manifest = json.loads((run / MANIFEST).read_text())
+    manifest = json.loads((run / RUN_MANIFEST).read_text())
     node = manifest
     *parents, last = key.split(".")
     for part in parents:
         node = node[part]
     node[last] = value
-    (run / MANIFEST).write_text(json.dumps(manifest))
+    (run / RUN_MANIFEST).write_text(json.dumps(manifest))
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_compare_refuses_a_changed_index_naming_the_field_and_the_override(
 
 def test_a_run_without_a_manifest_is_refused_with_the_way_forward(two_runs, tmp_path) -> None:
     old = _copy(two_runs[1], tmp_path / "old")
-    (old / MANIFEST).unlink()
+    (old / RUN_MANIFEST).unlink()
     with pytest.raises(ConfigError, match=r"has no manifest.json .*--restart.*--allow manifest"):
         compare_runs(load_eval_run(two_runs[0]), load_eval_run(old))
     assert compare_runs(load_eval_run(two_runs[0]), load_eval_run(old), allow=["manifest"]).tracks

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from toolgym import file_table
 from toolgym.errors import BackendError
-from toolgym.tools.search import bm25_build, bm25_workers, index_manifest
+from toolgym.tools.search import bm25_build, bm25_workers, index_files
 from toolgym.tools.search.bm25 import anserini_display, lucene_norm_cache
 from toolgym.tools.search.bm25_search import BM25Ranker, exhaustive_top_k
 from toolgym.tools.search.index import Index, load_index
@@ -412,7 +413,7 @@ def test_string_table_refuses_duplicates_and_handles_empty(tmp_path) -> None:
 
 
 def test_a_verified_unchanged_index_opens_without_hashing(docs, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(index_manifest, "RACY_SECONDS", 0.0)
+    monkeypatch.setattr(index_files, "RACY_SECONDS", 0.0)
     build_index(docs[:300], path=tmp_path / "ix")
     load_index(tmp_path / "ix")  # hashes everything, then stamps it
     assert (tmp_path / "ix" / "verified.json").exists()
@@ -420,14 +421,14 @@ def test_a_verified_unchanged_index_opens_without_hashing(docs, tmp_path, monkey
     def no_hashing(path: Path) -> str:
         raise AssertionError(f"hashed {path}")
 
-    monkeypatch.setattr(index_manifest, "sha256_file", no_hashing)
+    monkeypatch.setattr(file_table, "sha256_file", no_hashing)
     load_index(tmp_path / "ix")
     with pytest.raises(AssertionError, match="hashed"):
         load_index(tmp_path / "ix", verify="full")
 
 
 def test_a_file_changed_after_it_was_verified_is_hashed_again(docs, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(index_manifest, "RACY_SECONDS", 0.0)
+    monkeypatch.setattr(index_files, "RACY_SECONDS", 0.0)
     build_index(docs[:300], path=tmp_path / "ix")
     load_index(tmp_path / "ix")
     time.sleep(0.05)  # past the file system's timestamp granularity
@@ -452,13 +453,13 @@ def test_recent_files_are_not_stamped(docs, tmp_path) -> None:
 
 
 def test_a_read_only_index_still_opens(docs, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(index_manifest, "RACY_SECONDS", 0.0)
+    monkeypatch.setattr(index_files, "RACY_SECONDS", 0.0)
     build_index(docs[:300], path=tmp_path / "ix")
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise PermissionError("read-only file system")
 
-    monkeypatch.setattr(index_manifest.os, "replace", refuse)
+    monkeypatch.setattr(index_files.os, "replace", refuse)
     assert load_index(tmp_path / "ix").search("Super Bowl", k=1)
     assert not (tmp_path / "ix" / "verified.json").exists()
     assert not [p for p in (tmp_path / "ix").iterdir() if p.name.startswith(".verified")]

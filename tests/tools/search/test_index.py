@@ -458,7 +458,7 @@ except MissingDependencyError as exc:
 
 
 def test_swap_in_replaces_a_directory_whole_and_leaves_nothing_aside(tmp_path) -> None:
-    from toolgym.tools.search.index_manifest import swap_in
+    from toolgym.tools.search.index_files import swap_in
 
     target = tmp_path / "index"
     for generation in ("first", "second"):

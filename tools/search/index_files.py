@@ -1,7 +1,9 @@
-"""The manifest of an on-disk search index: every file's size and sha256, checked on open.
+"""The file table of an on-disk search index (``manifest.json``): every file's size and sha256, checked
+on open.
 
-:func:`file_table` lists a finished index's files; :func:`read_manifest` verifies a directory against
-its ``manifest.json`` and raises :class:`~toolgym.errors.BackendError` with the fix when a file is
+The table is :mod:`toolgym.file_table`'s, shared with the model cache and the exports; here it lives in
+the index's ``manifest.json`` beside the index's format version. :func:`read_manifest` verifies a
+directory against it and raises :class:`~toolgym.errors.BackendError` with the fix when a file is
 missing, truncated, altered or from another format version (see :mod:`toolgym.tools.search.index`);
 :func:`swap_in` puts a finished build in its place.
 
@@ -29,17 +31,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from toolgym.errors import BackendError
+from toolgym.file_table import file_table, table_problem
 
-__all__ = [
-    "FORMAT",
-    "MANIFEST",
-    "VERIFIED",
-    "file_table",
-    "fix_hint",
-    "read_manifest",
-    "sha256_file",
-    "swap_in",
-]
+__all__ = ["FORMAT", "MANIFEST", "VERIFIED", "fix_hint", "index_file_table", "read_manifest", "swap_in"]
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +41,16 @@ log = logging.getLogger(__name__)
 FORMAT = 5
 MANIFEST = "manifest.json"
 VERIFIED = "verified.json"
+
+
+def index_file_table(root: Path) -> dict[str, dict[str, Any]]:
+    """The file table of a finished index directory (every file hashed; the table's own files left out)."""
+    return file_table(root, exclude=(MANIFEST, VERIFIED), recursive=True)
+
+
 #: A file changed this recently is not stamped: another change within the same timestamp tick could
 #: go unseen.
 RACY_SECONDS = 2.0
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def file_table(root: Path) -> dict[str, dict[str, Any]]:
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, VERIFIED))
-    return {
-        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files
-    }
 
 
 def swap_in(tmp: Path, target: Path) -> None:
@@ -149,30 +135,20 @@ def read_manifest(path: Path, *, verify: bool | Literal["full"] = True) -> dict[
         )
     digest = hashlib.sha256(raw).hexdigest()
     stamps = _load_stamps(path, digest) if verify is True else {}
-    verified: dict[str, list[int]] = {}
-    settled = time.time_ns() - int(RACY_SECONDS * 1e9)
-    for name, meta in files.items():
-        file = path / name
-        try:
-            st = file.stat()
-        except OSError:
-            raise BackendError(f"the index at {path} lacks {name}. {fix_hint(path)}") from None
-        if st.st_size != meta["size"]:
-            raise BackendError(
-                f"the index at {path} is corrupt: {name} has {st.st_size} bytes, the manifest says "
-                f"{meta['size']}. " + fix_hint(path)
-            )
-        if not verify:
-            continue
-        signature = _signature(st)
-        if stamps.get(name) != signature:
-            if sha256_file(file) != meta["sha256"]:
-                raise BackendError(
-                    f"the index at {path} is corrupt: {name} fails its checksum. {fix_hint(path)}"
-                )
-            if max(st.st_mtime_ns, st.st_ctime_ns) >= settled:
-                continue  # too recent to trust its timestamps: hashed again next time
-        verified[name] = signature
-    if verify and verified != stamps:
-        _save_stamps(path, digest, verified)
+    problem = table_problem(
+        path, files, hash=bool(verify), verified=lambda name, st: stamps.get(name) == _signature(st)
+    )
+    if problem is not None:
+        what = "lacks" if problem.endswith(" is missing") else "is corrupt:"
+        detail = problem.removesuffix(" is missing") if what == "lacks" else problem
+        raise BackendError(f"the index at {path} {what} {detail}. {fix_hint(path)}")
+    if verify:
+        settled = time.time_ns() - int(RACY_SECONDS * 1e9)  # too recent to trust: hashed again next time
+        verified = {}
+        for name in files:
+            st = (path / name).stat()
+            if max(st.st_mtime_ns, st.st_ctime_ns) < settled:
+                verified[name] = _signature(st)
+        if verified != stamps:
+            _save_stamps(path, digest, verified)
     return manifest
