@@ -9,7 +9,7 @@ Reads the run directory the trainer wrote (``metrics.jsonl``, ``trajectories.jso
 ``curriculum.jsonl``) through :func:`toolgym.training.experiments.analysis.learning_summary`: the mean verifier
 reward of the first and the last fifth of the steps and a bootstrap 95% interval of their difference
 (trajectory rewards resampled within each fifth). ``--control`` prints the same for a second run, e.g.
-the same config with ``train.lr=0``, which separates what the curriculum's unlocks did from what the
+the same config with ``train.optim.lr=0``, which separates what the curriculum's unlocks did from what the
 weight updates did.
 """
 

@@ -22,10 +22,10 @@ step) in each mode, alternating, from the same weights and optimizer state each 
 common prefix once), ``full-step`` (what the trainer does: the prompt all groups share once per
 step, each group's own prefix once on top of it) and ``lora-step`` (the same with LoRA adapters of
 ``--lora-rank``, base weights frozen). ``full-step-2`` (not in the default list) is ``full-step`` shared by
-two learner processes over gloo (``train.learners = 2``): each computes half the groups' gradient,
+two learner processes over gloo (``train.learners.count = 2``): each computes half the groups' gradient,
 the sums are all-reduced, both step the optimizer; the weights reach the second process before the
 timed step. ``fsdp2-step-2`` is ``full-step-2`` with the model split between the two processes
-(``train.shard = "fsdp2"``: FSDP2 shards; the timed step includes gathering the new weights into
+(``train.learners.shard = "fsdp2"``: FSDP2 shards; the timed step includes gathering the new weights into
 rank 0's whole copy). Each process uses ``--threads`` threads.
 
 Reported per mode: trainable parameters, seconds per step (best of the rounds), learner tokens/s
@@ -166,7 +166,7 @@ MODES = {  # lora, share_prefix, share_across_groups, learner processes
     "full-step-2": (False, True, True, 2),
     "fsdp2-step-2": (False, True, True, 2),
 }
-SHARDED = {"fsdp2-step-2"}  # the learners split the model with FSDP2 (train.shard = "fsdp2")
+SHARDED = {"fsdp2-step-2"}  # the learners split the model with FSDP2 (train.learners.shard = "fsdp2")
 DEFAULT_MODES = "full-unshared,full-group,full-step,lora-step"
 
 
@@ -176,13 +176,13 @@ def timed_step(
     """One learner step (gradient over the plan, clip, optimizer step): seconds, memory, loss, grad norm.
 
     With ``learners`` (a data-parallel group, already given these weights): the gradient is shared
-    between its processes and summed (what ``train.learners = N`` does); memory is this process's.
+    between its processes and summed (what ``train.learners.count = N`` does); memory is this process's.
     """
     tc = trainer.config.train
     trainer.optimizer.zero_grad()
     settings = dict(
-        loss=tc.loss_config(),
-        micro_batch=tc.micro_batch,
+        loss=tc.loss,
+        micro_batch=tc.batching.micro_batch,
         temperature=trainer.config.sampling.temperature,
         share_prefix=share,
     )
@@ -195,9 +195,9 @@ def timed_step(
         else:
             sums = accumulate_gradients(trainer.model, plan, share_across_groups=across, **settings)
         if learners is not None:  # sharded: each rank steps its shards, rank 0 gathers the weights
-            norm = learners.optimizer_step(trainer.model, trainer.optimizer, tc.max_grad_norm)
+            norm = learners.optimizer_step(trainer.model, trainer.optimizer, tc.optim.max_grad_norm)
         else:
-            norm = trainer.optimizer.step(tc.max_grad_norm)
+            norm = trainer.optimizer.step(tc.optim.max_grad_norm)
         seconds = time.perf_counter() - t0
     return seconds, memory, sums.pg, norm
 
@@ -259,7 +259,7 @@ def run(trainers: dict[bool, Trainer], args: argparse.Namespace) -> None:
     tokens = sum(lengths)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
-        f"\nlearner step, {len(groups)} groups x {size} sequences, {tokens} tokens, micro_batch {first.config.train.micro_batch}"
+        f"\nlearner step, {len(groups)} groups x {size} sequences, {tokens} tokens, micro_batch {first.config.train.batching.micro_batch}"
     )
     print(
         "| mode | trainable params | s/step (best) | s/step (median) | tokens/s | RSS rise in step | loss/pg | grad norm |"
@@ -319,7 +319,7 @@ def main() -> None:
         "heldout.n=0",
     ]
     smoke = (
-        ["train.group_size=2", "policy.kind=tiny", "policy.tiny_hidden=32", "env.max_total_tokens=4096"]
+        ["train.group_size=2", "policy.kind=tiny", "policy.hidden=32", "env.max_total_tokens=4096"]
         if args.smoke
         else []
     )
@@ -328,7 +328,7 @@ def main() -> None:
         try:
             trainers[False] = Trainer(load_config(args.config, [*overrides, *smoke]), full_dir)
             if any(MODES[m][0] for m in args.modes.split(",") if m in MODES):
-                lora = [f"train.lora_rank={args.lora_rank}"]
+                lora = [f"train.lora.rank={args.lora_rank}"]
                 trainers[True] = Trainer(load_config(args.config, [*overrides, *smoke, *lora]), lora_dir)
             run(trainers, args)
         finally:

@@ -5,7 +5,7 @@ Usage::
     python bench/train_rollouts.py [--config learn] [--kinds hf,vllm] [--steps 2] [--smoke]
 
 Each kind runs the trainer itself (``Trainer.run``) for ``--steps`` steps of the config, from the base
-model (no warm start, no held-out evaluation, ``train.lr = 0`` so both kinds sample from the same
+model (no warm start, no held-out evaluation, ``train.optim.lr = 0`` so both kinds sample from the same
 weights at every step): the same groups, tasks and seeds, drawn in the same waves. Reported per kind:
 the engine or model start-up, rollout episodes per minute (the episodes the steps drew over the time
 the learner waited for them), the learner's seconds per step, the weight sync, and the share of
@@ -29,7 +29,7 @@ def run_kind(config_name: str, kind: str, steps: int, extra: list[str]) -> dict[
     overrides = [
         f"policy.kind={kind}",
         f"train.steps={steps}",
-        "train.lr=0",
+        "train.optim.lr=0",
         "warm_start.samples=0",
         "heldout.n=0",
         "heldout.every=0",
@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     kinds = ["tiny"] if args.smoke else [k for k in args.kinds.split(",") if k]
     smoke = [
-        "policy.tiny_hidden=32",
+        "policy.hidden=32",
         "sampling.max_tokens=8",
         "train.task_pool=all",
         "train.tasks_per_step=1",

@@ -53,6 +53,7 @@ REMOVED = (
 #: its own sub-package or of a lower rank ("top" is the package's own top-level modules)
 RANKS = {
     "toolgym.training": {
+        "config": -1,
         "learn": 0,
         "distributed": 1,
         "sampling": 2,
@@ -221,7 +222,7 @@ def _module_of(path: Path) -> str:
 
 
 def test_sub_packages_import_one_way():
-    """training: experiments -> the top -> sampling, heldout -> distributed -> learn; agents: eval -> the
+    """training: experiments -> the top -> sampling, heldout -> distributed -> learn -> config; agents: eval -> the
     top (rollout, harness, compaction) -> policies -> chat."""
     problems = []
     for package, ranks in RANKS.items():

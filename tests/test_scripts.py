@@ -155,9 +155,9 @@ def test_training_module_and_bench_demo_learning(tmp_path):
     run_dir = tmp_path / "run"
     run(
         "-m", "toolgym.cli", "train", "--out", run_dir,
-        "env.id=toy_env:toolgym-test/Letters-v0", "policy.kind=tiny", "policy.tiny_hidden=16",
+        "env.id=toy_env:toolgym-test/Letters-v0", "policy.kind=tiny", "policy.hidden=16",
         "sampling.max_tokens=8", "train.steps=2", "train.tasks_per_step=1", "train.group_size=2",
-        "train.max_off_policy_steps=0",
+        "train.rollouts.max_off_policy_steps=0",
         extra_path=TOY_ENV_DIR,
     )  # fmt: skip
     out = run("bench/demo_learning.py", run_dir, "--resamples", "100")

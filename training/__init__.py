@@ -14,8 +14,8 @@
   reports, the run report and its statistics.
 
 At the top: :mod:`~toolgym.training.trainer` (the loop), :mod:`~toolgym.training.commands`
-(``toolgym train``/``report``), the config (``config``, ``grpo_config``, ``config_help``), the trained
+(``toolgym train``/``report``), the config (:mod:`~toolgym.training.config`: the TOML file's tables as frozen dataclasses), the trained
 policy (:mod:`~toolgym.training.policy_handle`), checkpoints, exports, the weight sync, the warm start,
 the step log and progress. Dependencies run one way: experiments -> the top -> sampling, distributed,
-heldout -> learn (``tests/test_layout.py`` holds the rule).
+heldout -> distributed -> learn -> config (``tests/test_layout.py`` holds the rule).
 """

@@ -34,7 +34,7 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
 
     ranked = torchrun_rank()
     if ranked is not None and ranked[0] > 0:  # a learner process: it ends here, with its exit code
-        exit_worker(worker_main(config.train.dist_backend, config.train.learner_timeout))
+        exit_worker(worker_main(config.train.learners.backend, config.train.learners.timeout))
     check_trackers(config.train.loggers)  # a missing package stops the run before any work
     exit_cleanly_on_sigterm()
     trackers = Trackers()

@@ -47,7 +47,8 @@ from toolgym.errors import ConfigError
 from toolgym.file_table import file_table, sha256_file
 from toolgym.run_files import write_atomic
 from toolgym.training.checkpoint import load_checkpoint
-from toolgym.training.learn.lora import LoraSettings, apply_lora, is_lora, plain_state_dict
+from toolgym.training.config import LoraConfig, renamed_keys
+from toolgym.training.learn.lora import apply_lora, is_lora, plain_state_dict
 
 __all__ = ["DEFAULT_KEEP", "export_checkpoint", "export_from_checkpoint", "export_model"]
 
@@ -190,8 +191,9 @@ def export_from_checkpoint(run_dir: str | Path, *, keep: int = DEFAULT_KEEP) -> 
             f"{run_dir} has no checkpoint.pt and config.json; pass the --out of a `toolgym train` run"
         )
     try:
-        policy_config = json.loads(config_path.read_text(encoding="utf-8"))["policy"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        stored = renamed_keys(json.loads(config_path.read_text(encoding="utf-8")))  # a record of any release
+        policy_config = stored["policy"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{config_path} is unreadable ({exc})") from None
     kind = policy_config.get("kind", "hf")
     if kind == "tiny":
@@ -204,12 +206,12 @@ def export_from_checkpoint(run_dir: str | Path, *, keep: int = DEFAULT_KEEP) -> 
     assert state is not None  # checked above
     model_dir = resolve_model_dir(policy_config.get("model") or None)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    train = json.loads(config_path.read_text(encoding="utf-8")).get("train", {})
-    if int(train.get("lora_rank", 0)):  # the checkpoint holds the adapters; the export merges them
-        settings = LoraSettings(
-            rank=int(train["lora_rank"]),
-            alpha=float(train.get("lora_alpha", 16.0)),
-            targets=tuple(train.get("lora_targets", LoraSettings().targets)),
+    lora = stored.get("train", {}).get("lora", {})
+    if int(lora.get("rank", 0)):  # the checkpoint holds the adapters; the export merges them
+        settings = LoraConfig(
+            rank=int(lora["rank"]),
+            alpha=float(lora.get("alpha", 16.0)),
+            targets=tuple(lora.get("targets", LoraConfig().targets)),
         )
         apply_lora(model, settings)
     try:

@@ -16,12 +16,17 @@ import torch
 from toolgym.agents.policies.models import require_hf
 from toolgym.core import ServedPolicy, TrainablePolicy
 from toolgym.errors import ConfigError
-from toolgym.training.config import TrainConfig
+from toolgym.training.config import (
+    RunConfig,
+    TinyPolicyConfig,
+    VLLMPolicyConfig,
+    VLLMServerPolicyConfig,
+)
 
 __all__ = ["Closable", "build_policy", "learner_model", "require_trainable"]
 
 
-def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
+def build_policy(config: RunConfig) -> TrainablePolicy | ServedPolicy:
     """The policy named by ``config.policy``.
 
     ``hf`` and ``tiny`` expose the trained module as ``.model``; ``vllm`` starts an engine (its own
@@ -30,11 +35,11 @@ def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
     pc = config.policy
     if pc.threads:
         torch.set_num_threads(pc.threads)
-    if pc.kind == "tiny":
+    if isinstance(pc, TinyPolicyConfig):
         from toolgym.training.tiny_policy import TinyPolicy
 
-        return TinyPolicy(hidden=pc.tiny_hidden, layers=pc.tiny_layers, seed=config.train.seed)
-    if pc.kind == "vllm-server":
+        return TinyPolicy(hidden=pc.hidden, layers=pc.layers, seed=config.train.seed)
+    if isinstance(pc, VLLMServerPolicyConfig):
         from toolgym.agents.policies.vllm_server import VLLMServerPolicy
 
         return VLLMServerPolicy(
@@ -49,7 +54,7 @@ def build_policy(config: TrainConfig) -> TrainablePolicy | ServedPolicy:
             chat_format=pc.chat_format,
             thinking_budget=pc.thinking_budget or None,
         )
-    if pc.kind == "vllm":
+    if isinstance(pc, VLLMPolicyConfig):
         from toolgym.agents.policies.vllm import VLLMPolicy
 
         return VLLMPolicy(

@@ -22,7 +22,7 @@ from toolgym.errors import ConfigError
 from toolgym.records.manifest import manifest_differences, read_run_manifest, run_manifest, write_run_manifest
 from toolgym.records.trackers import Trackers, trajectory_rows
 from toolgym.run_files import open_append, refuse_link
-from toolgym.training.config import TrainConfig, to_dict
+from toolgym.training.config import RunConfig, to_dict
 from toolgym.training.learn.grpo import StepResult
 from toolgym.training.learn.rewards import shaped_reward
 from toolgym.training.sampling.workers import Group
@@ -72,7 +72,7 @@ def step_metrics(
     records: Sequence[GroupRecord],
     result: StepResult,
     *,
-    config: TrainConfig,
+    config: RunConfig,
     step: int,
     policy_version: int,
     stale: Sequence[int],
@@ -201,7 +201,7 @@ def track_step(
 
 def write_train_manifest(
     run_dir: Path,
-    config: TrainConfig,
+    config: RunConfig,
     env_fingerprint: Mapping[str, Any],
     task_ids: Sequence[str],
     *,

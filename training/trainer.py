@@ -66,7 +66,8 @@ from toolgym.training.checkpoint import (
     save_checkpoint,
     truncate_to,
 )
-from toolgym.training.config import TrainConfig, to_dict
+from toolgym.training.config import RunConfig, to_dict
+from toolgym.training.config.policy import EngineConfig
 from toolgym.training.distributed.learners import LearnerGroup
 from toolgym.training.export import export_checkpoint
 from toolgym.training.heldout.curve import curve_point
@@ -104,7 +105,7 @@ class Trainer:
 
     def __init__(
         self,
-        config: TrainConfig,
+        config: RunConfig,
         run_dir: str | Path,
         policy: TrainablePolicy | ServedPolicy | None = None,
         trackers: Trackers | None = None,
@@ -135,25 +136,24 @@ class Trainer:
                 # pushes it into the engine after every step.
 
                 dtype = file_dtype(config.policy.dtype, config.policy.learner_device)
-                self.weight_sync = VLLMWeightSync(
-                    self.policy, dtype=dtype, base=config.policy.weights_dir or None
-                )
+                base = config.policy.weights_dir if isinstance(config.policy, EngineConfig) else ""
+                self.weight_sync = VLLMWeightSync(self.policy, dtype=dtype, base=base or None)
                 self.model = learner_model(self.policy.model_dir, config.policy.learner_device)
             else:
                 raise ConfigError(
                     f"{type(self.policy).__name__}.model is a {type(self.policy.model).__name__}, not a "
                     "torch.nn.Module, and the policy serves no model_dir: there is nothing to train"
                 )
-            apply_lora(self.model, tc.lora_settings(), seed=tc.seed)  # no-op at lora_rank = 0
+            apply_lora(self.model, tc.lora, seed=tc.seed)  # no-op at lora_rank = 0
         except BaseException:
             self.close()
             raise
         self._weights_lock: AbstractContextManager[Any] = (
             self.policy.weights_lock if isinstance(self.policy, TrainablePolicy) else threading.RLock()
         )
-        self.optimizer = LearnerOptimizer.from_config(self.model.parameters(), tc)
+        self.optimizer = LearnerOptimizer.from_config(self.model.parameters(), tc.optim, tc.steps)
         self.reference = None
-        if tc.kl_coef > 0:
+        if tc.loss.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         # One curriculum, harness and task list per environment ([[env]] tables; one for a plain [env]).
         self.env_names = [env.name for env in config.envs]
@@ -314,7 +314,9 @@ class Trainer:
             resuming=self.step > 0 or self.warm_started,
         )
         factories = [
-            env_factory(tc.backend, env.id, dict(env.kwargs), ray_env_actors=tc.ray_env_actors)
+            env_factory(
+                tc.rollouts.backend, env.id, dict(env.kwargs), ray_env_actors=tc.rollouts.ray_env_actors
+            )
             for env in self.config.envs
         ]
 
@@ -345,7 +347,7 @@ class Trainer:
             sampling=SamplingParams(
                 max_tokens=self.config.sampling.max_tokens, temperature=self.config.sampling.temperature
             ),
-            workers=tc.rollout_workers,
+            workers=tc.rollouts.workers,
             start=self.collector.next_group,
             skip=self.task_filter.skip if self.task_filter is not None else None,
         )
@@ -433,10 +435,10 @@ class Trainer:
                 plan,
                 config=self.config,
                 step=self.step + 1,
-                loss=tc.loss_config(),
-                micro_batch=tc.micro_batch,
+                loss=tc.loss,
+                micro_batch=tc.batching.micro_batch,
                 temperature=self.config.sampling.temperature,
-                share_prefix=tc.share_prefix,
+                share_prefix=tc.batching.share_prefix,
                 reference=self.reference,
             )
         lr = self.optimizer.lr
@@ -476,7 +478,7 @@ class Trainer:
         """
         with self._weights_lock:
             grad_norm = self.learners.optimizer_step(
-                self.model, self.optimizer, self.config.train.max_grad_norm, finite_loss=finite_loss
+                self.model, self.optimizer, self.config.train.optim.max_grad_norm, finite_loss=finite_loss
             )
             if self.optimizer.last_skipped:
                 return grad_norm, {}

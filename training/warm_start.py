@@ -15,7 +15,7 @@ Contract:
   exactly: the same receipts as RL are checked); prompt, tool output and harness text are never trained;
 * the result is recorded (``warm_start.json`` in the run directory: episodes sampled, kept, mean reward,
   loss per epoch) and is part of the checkpoint, so a resumed run never repeats it;
-* its gain is reported separately from RL's: a run with ``train.lr = 0`` keeps the warm start and
+* its gain is reported separately from RL's: a run with ``train.optim.lr = 0`` keeps the warm start and
   is the control that isolates the RL updates.
 """
 
@@ -35,88 +35,19 @@ from toolgym.agents.policies.base import RulePolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
 from toolgym.env import ToolEnv
-from toolgym.errors import ConfigError, did_you_mean
+from toolgym.errors import ConfigError
 from toolgym.registry import env_attribute, make
 from toolgym.run_files import write_atomic
+from toolgym.training.config.sections import WarmStartConfig
 from toolgym.training.learn.loss import check_token_receipt
 from toolgym.training.learn.scoring import SequenceScorer
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["WarmStartConfig", "WarmStartResult", "fine_tune", "rejection_sample", "sampled_nll"]
+__all__ = ["WarmStartResult", "fine_tune", "rejection_sample", "sampled_nll"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WarmStartConfig:
-    """Optional rejection-sampled fine-tune before RL (``[warm_start]`` in a training config).
-
-    Attributes:
-        samples: episodes sampled per task (0 = no warm start).
-        source: ``self`` — the policy's own samples (rejection sampling); ``reference`` — one
-            demonstration per task from the environment module's ``reference_rule(task)`` (a scripted
-            solver that may read the task's reference, e.g. SearchQA: search the question, copy the
-            gold answer if the results show it), tokenised with the policy's own tokenizer and chat
-            template. Either way only episodes the verifier rewards (``min_reward``) are kept.
-        tasks: how many of the trainer's tasks to use (0 = all of them): a seeded random choice, so
-            that they spread over the whole task list rather than its first documents.
-        tools: the tool set offered while sampling (empty = the first curriculum stage's tools, so
-            the demonstrations show the prompt RL starts from; every tool without a curriculum).
-        min_reward: keep an episode when its verifier reward is at least this.
-        keep_per_task: at most this many kept episodes per task (the highest rewards; 0 = no cap), so
-            that easy tasks do not dominate the fine-tune.
-        temperature: sampling temperature of the warm-start episodes.
-        epochs: passes over the kept episodes.
-        lr: AdamW learning rate of the fine-tune (its own optimizer; RL's starts fresh).
-        micro_batch: sequences per forward/backward pass.
-        concurrency: episodes sampled at once (the hf policy batches them).
-        reuse: a training run directory (or its ``export/step-000000``) whose warm start this one
-            is: its step-0 export is loaded instead of sampling and fine-tuning again. Refused, with
-            the fields named, unless that run's environment, policy model and ``[warm_start]``
-            settings (``reuse`` aside) equal this config's.
-        seed: the warm start's own seed (which tasks, the demonstrations' sampling, the fine-tune's
-            order); unset, ``train.seed``. Set it to train RL with another ``train.seed`` from one warm
-            start: ``train.seed = 1``, ``warm_start.seed = 0``, ``warm_start.reuse = RUN``.
-    """
-
-    samples: int = 0
-    source: str = "self"
-    tasks: int = 0
-    tools: tuple[str, ...] = ()
-    min_reward: float = 0.5
-    keep_per_task: int = 2
-    temperature: float = 0.8
-    epochs: int = 2
-    lr: float = 2e-5
-    micro_batch: int = 4
-    concurrency: int = 8
-    reuse: str = ""
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ConfigError(f"warm_start.seed must be an integer, got {self.seed!r}")
-        if self.source not in ("self", "reference"):
-            raise ConfigError(
-                f"warm_start.source must be 'self' or 'reference', got {self.source!r}."
-                f"{did_you_mean(self.source, ['self', 'reference'])}"
-            )
-        for name in ("samples", "tasks", "keep_per_task"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"warm_start.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("epochs", "micro_batch", "concurrency"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"warm_start.{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature <= 0:
-            raise ConfigError(f"warm_start.temperature must be > 0, got {self.temperature}")
-        if self.lr < 0:
-            raise ConfigError(f"warm_start.lr must be >= 0, got {self.lr}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.samples > 0
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
 from toolgym.training.checkpoint import save_checkpoint
-from toolgym.training.config import to_dict
+from toolgym.training.config import renamed_keys, to_dict
 from toolgym.training.export import export_checkpoint
 from toolgym.training.learn.lora import base_weights_trainable, load_plain_state_dict
 from toolgym.training.warm_start import (
@@ -130,7 +130,7 @@ def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) ->
             "the newest two, so pass a run whose step-0 export is still there)"
         )
     try:
-        theirs = json.loads(settings.read_text(encoding="utf-8"))
+        theirs = renamed_keys(json.loads(settings.read_text(encoding="utf-8")))  # a record of any release
         result = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"warm_start.reuse: {run} is unreadable ({exc})") from None

@@ -27,7 +27,7 @@ from typing import Any
 from toolgym.agents.policies.vllm import SERVING_DTYPES, VLLMPolicy
 from toolgym.agents.policies.vllm_server import VLLMServerPolicy
 from toolgym.core import ServedPolicy
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, check_choice
 from toolgym.training.learn.lora import plain_state_dict
 
 __all__ = ["VLLMWeightSync", "export_weights", "file_dtype"]
@@ -36,8 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 def _check_dtype(dtype: str) -> None:
-    if dtype not in SERVING_DTYPES:
-        raise ConfigError(f"the export dtype must be one of {', '.join(SERVING_DTYPES)}, got {dtype!r}")
+    check_choice("the export dtype", dtype, SERVING_DTYPES)
 
 
 def file_dtype(serving_dtype: str, learner_device: str) -> str:

@@ -48,7 +48,7 @@ from toolgym.agents.chat.chatml import IM_END, IM_START, ChatMLTemplate, TextTok
 from toolgym.agents.chat.template import TemplateFormat
 from toolgym.call_formats import CALL_FORMATS, H_CALL, H_CHANNEL, H_END, H_MESSAGE, H_RETURN, H_START
 from toolgym.core import Message
-from toolgym.errors import ConfigError, did_you_mean
+from toolgym.errors import ConfigError, check_choice, did_you_mean
 
 __all__ = [
     "CHAT_FORMATS",
@@ -247,10 +247,7 @@ CHAT_FORMATS = ("auto", *RENDERERS, "template", *(f"template:{c}" for c in CALL_
 def check_chat_format_name(name: str, setting: str) -> None:
     """A ConfigError naming ``setting`` (``policy.chat_format``, ``--chat-format``) when ``name`` is not
     one of :data:`CHAT_FORMATS`, with "did you mean"."""
-    if name not in CHAT_FORMATS:
-        raise ConfigError(
-            f"{setting} must be one of {', '.join(CHAT_FORMATS)}, got {name!r}.{did_you_mean(name, CHAT_FORMATS)}"
-        )
+    check_choice(setting, name, CHAT_FORMATS)
 
 
 def _template_text(hf_tokenizer: Any) -> str:

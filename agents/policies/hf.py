@@ -71,7 +71,7 @@ from toolgym.agents.policies.models import require_hf
 from toolgym.agents.policies.prefix_cache import PrefixCache
 from toolgym.agents.policies.spec import resolve_model_dir
 from toolgym.core import Completion, SamplingParams
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, check_choice
 
 __all__ = ["HFPolicy", "HFTokenizer", "chat_tokenizer"]  # the tokenizer pair re-exported: its old home
 
@@ -152,8 +152,7 @@ class HFPolicy(ChatPolicy):
         thinking_budget: int | None = None,
     ) -> None:
         torch, transformers = require_hf("HFPolicy")
-        if dtype not in _DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        check_choice("dtype", dtype, _DTYPES)
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         if prefix_cache_bytes < 0 or prefix_cache_entries < 0:

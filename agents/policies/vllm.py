@@ -64,7 +64,7 @@ from toolgym.agents.policies.models import require_hf
 from toolgym.agents.policies.spec import resolve_model_dir
 from toolgym.agents.policies.vllm_weights import WeightLoaderExtension, check_weights_file
 from toolgym.core import Completion, SamplingParams
-from toolgym.errors import ConfigError, MissingDependencyError, PolicyError
+from toolgym.errors import ConfigError, MissingDependencyError, PolicyError, check_choice
 
 __all__ = ["SERVING_DTYPES", "VLLMPolicy", "WeightLoaderExtension", "require_vllm"]
 
@@ -212,8 +212,7 @@ class VLLMPolicy(ChatPolicy):
     ) -> None:
         vllm = require_vllm("VLLMPolicy")
         require_hf("VLLMPolicy")
-        if dtype not in SERVING_DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(SERVING_DTYPES)}, got {dtype!r}")
+        check_choice("dtype", dtype, SERVING_DTYPES)
         if max_model_len < 16:
             raise ConfigError(f"max_model_len must be >= 16, got {max_model_len}")
         from vllm.engine.arg_utils import AsyncEngineArgs

@@ -24,7 +24,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from toolgym.core import Task
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, check_choice
 from toolgym.tools.papers.collection import Collection
 from toolgym.tools.papers.corpus import SourcePaper
 from toolgym.tools.papers.markers import iter_citations, render_markers
@@ -137,8 +137,7 @@ def build_tasks(
     Raises:
         ConfigError: ``unlinked`` is not one of :data:`UNLINKED_MODES`.
     """
-    if unlinked not in UNLINKED_MODES:
-        raise ConfigError(f"unlinked must be one of {', '.join(UNLINKED_MODES)}, got {unlinked!r}")
+    check_choice("unlinked", unlinked, UNLINKED_MODES)
     tasks: list[Task] = []
     stats = {"markers": 0, "markers_linked": 0, "markers_unlinked": 0, "gold_unreachable": 0}
     stats |= {"placeholders": 0, "placeholders_unlinked": 0}

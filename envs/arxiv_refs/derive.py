@@ -21,7 +21,7 @@ from typing import Any
 from toolgym.core import Task
 from toolgym.envs.arxiv_refs.data import UNLINKED_MODES, ContextRule, build_tasks
 from toolgym.envs.arxiv_refs.leakage import banned_ids, label_splits
-from toolgym.errors import ConfigError, did_you_mean
+from toolgym.errors import ConfigError, check_choice, did_you_mean
 from toolgym.tools.papers.collection import Collection, build_collection
 from toolgym.tools.papers.copies import near_duplicates
 from toolgym.tools.papers.corpus import load_papers
@@ -49,8 +49,7 @@ class CacheSettings:
                 f"unknown search backend {self.backend!r}; expected one of {', '.join(BACKENDS)}."
                 + did_you_mean(self.backend, BACKENDS)
             )
-        if self.unlinked not in UNLINKED_MODES:
-            raise ConfigError(f"unlinked must be one of {', '.join(UNLINKED_MODES)}, got {self.unlinked!r}")
+        check_choice("unlinked", self.unlinked, UNLINKED_MODES)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -75,6 +75,7 @@ __all__ = [
     "ToolgymError",
     "VerificationUnavailable",
     "VerifierError",
+    "check_choice",
     "did_you_mean",
 ]
 
@@ -211,3 +212,12 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """Return ``" Did you mean 'x'?"`` for the closest choice, or an empty string."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def check_choice(setting: str, value: object, choices: Iterable[str]) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``choices``: the one message for every
+    enumerated setting ("``setting`` must be one of a, b, got 'x'. Did you mean 'a'?")."""
+    options = list(choices)
+    if value not in options:
+        hint = did_you_mean(value, options) if isinstance(value, str) else ""
+        raise ConfigError(f"{setting} must be one of {', '.join(options)}, got {value!r}.{hint}")

@@ -30,14 +30,14 @@ CONFIG = load_config(
     [
         "env.id=toy_env:toolgym-test/Letters-v0",
         "policy.kind=tiny",
-        "policy.tiny_hidden=16",
-        "policy.tiny_layers=1",
+        "policy.hidden=16",
+        "policy.layers=1",
         "sampling.max_tokens=8",
         f"train.steps={STEPS}",
         "train.tasks_per_step=2",
         "train.group_size=2",
-        "train.lr=0.01",
-        "train.max_off_policy_steps=0",  # deterministic: a resumed run must equal the uninterrupted one
+        "train.optim.lr=0.01",
+        "train.rollouts.max_off_policy_steps=0",  # deterministic: a resumed run must equal the uninterrupted one
         "train.checkpoint_every=1",
         "train.max_infra_groups=2",
         "train.seed=5",
@@ -47,7 +47,7 @@ CONFIG = load_config(
 
 def tiny() -> TinyPolicy:
     pc = CONFIG.policy
-    return TinyPolicy(hidden=pc.tiny_hidden, layers=pc.tiny_layers, seed=CONFIG.train.seed)
+    return TinyPolicy(hidden=pc.hidden, layers=pc.layers, seed=CONFIG.train.seed)
 
 
 class FlakyPolicy(TinyPolicy):
@@ -56,7 +56,7 @@ class FlakyPolicy(TinyPolicy):
 
     def __init__(self, fails) -> None:  # type: ignore[no-untyped-def]
         pc = CONFIG.policy
-        super().__init__(hidden=pc.tiny_hidden, layers=pc.tiny_layers, seed=CONFIG.train.seed)
+        super().__init__(hidden=pc.hidden, layers=pc.layers, seed=CONFIG.train.seed)
         self.fails = fails
         self.turns: dict[int | None, int] = {}
         self.raised = 0

@@ -215,8 +215,8 @@ def test_a_vanished_code_client_leaves_no_container(serve) -> None:
 async def test_the_trainer_trains_on_a_served_environment(serve, tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # toy_env.py
     with serve("toy_env:toolgym-test/Letters-v0") as (url, server):
-        overrides = [f"env.id={url}", "policy.kind=tiny", "policy.tiny_hidden=32", "sampling.max_tokens=8"]
-        config = load_config(None, [*overrides, "train.steps=2", "train.max_off_policy_steps=0"])
+        overrides = [f"env.id={url}", "policy.kind=tiny", "policy.hidden=32", "sampling.max_tokens=8"]
+        config = load_config(None, [*overrides, "train.steps=2", "train.rollouts.max_off_policy_steps=0"])
         trainer = Trainer(config, tmp_path)
         try:
             history = await trainer.run()

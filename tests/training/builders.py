@@ -12,13 +12,13 @@ def tiny_overrides(*, steps: int = 2, tasks_per_step: int = 2, group_size: int =
     return [
         "env.id=toy_env:toolgym-test/Letters-v0",
         "policy.kind=tiny",
-        "policy.tiny_hidden=32",
+        "policy.hidden=32",
         "sampling.max_tokens=12",
         f"train.steps={steps}",
         f"train.tasks_per_step={tasks_per_step}",
         f"train.group_size={group_size}",
-        "train.lr=0.01",
-        "train.max_off_policy_steps=0",
+        "train.optim.lr=0.01",
+        "train.rollouts.max_off_policy_steps=0",
     ]
 
 

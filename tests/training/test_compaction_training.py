@@ -39,10 +39,10 @@ def test_a_learner_step_trains_every_segment(tmp_path: Path, share: bool) -> Non
     overrides = [
         "env.id=toy_env:toolgym-test/Letters-v0",
         "policy.kind=tiny",
-        "policy.tiny_hidden=32",
+        "policy.hidden=32",
         "train.group_size=2",
-        "train.micro_batch=2",
-        f"train.share_prefix={str(share).lower()}",
+        "train.batching.micro_batch=2",
+        f"train.batching.share_prefix={str(share).lower()}",
     ]
     trainer = Trainer(load_config(None, overrides), tmp_path)
     try:

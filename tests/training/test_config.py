@@ -61,3 +61,77 @@ def test_shipped_config_by_name_and_did_you_mean():
     assert load_config("demo").env.id == "toolgym/SearchQA-v0"
     with pytest.raises(ConfigError, match="Did you mean 'demo'"):
         load_config("dmeo")
+
+
+def test_train_sub_tables_have_the_code_s_shape(tmp_path: Path) -> None:
+    text = (
+        "[train]\nsteps = 2\n[train.optim]\nlr = 3e-6\nschedule = 'cosine'\n[train.loss]\nagg = 'seq_mean'\n"
+    )
+    cfg = load_config(write(tmp_path, text), ["train.learners.count=1", "train.batching.micro_batch=2"])
+    assert cfg.train.optim.lr == 3e-6 and cfg.train.optim.schedule == "cosine"
+    assert cfg.train.loss.agg == "seq_mean" and cfg.train.batching.micro_batch == 2
+    assert to_dict(cfg)["train"]["optim"]["lr"] == 3e-6
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.optim\.schedule must be one of constant, linear, cosine, got 'cosin'\. Did you mean 'cosine'",
+    ):
+        load_config(None, ["train.optim.schedule=cosin"])
+
+
+def test_old_flat_keys_load_with_a_warning_naming_the_new_key(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[train]\nlr = 2e-6\nlearners = 1\nmicro_batch = 3\n[policy]\nkind = 'tiny'\ntiny_hidden = 16\n",
+    )
+    with pytest.warns(FutureWarning) as caught:
+        cfg = load_config(path, ["train.lora_rank=0"])
+    said = " ".join(str(w.message) for w in caught)
+    for old, new in (
+        ("train.lr", "train.optim.lr"),
+        ("train.learners", "train.learners.count"),
+        ("train.micro_batch", "train.batching.micro_batch"),
+        ("policy.tiny_hidden", "policy.hidden"),
+        ("train.lora_rank", "train.lora.rank"),
+    ):
+        assert f"config key {old} is now {new}" in said
+    assert cfg.train.optim.lr == 2e-6 and cfg.train.batching.micro_batch == 3 and cfg.policy.hidden == 16
+    twice = write(tmp_path, "[train]\nlr = 1e-6\n[train.optim]\nlr = 2e-6\n")
+    with pytest.raises(
+        ConfigError, match=r"train\.lr and train\.optim\.lr are the same setting, given twice"
+    ):
+        load_config(twice)
+    with pytest.warns(FutureWarning):  # an override replaces the file's value, whatever its name
+        cfg = load_config(write(tmp_path, "[train.optim]\nlr = 2e-6\n"), ["train.lr=1e-6"])
+    assert cfg.train.optim.lr == 1e-6
+
+
+def test_the_policy_table_is_the_table_of_its_kind() -> None:
+    from toolgym.training.config import HFPolicyConfig, TinyPolicyConfig, VLLMServerPolicyConfig
+
+    assert isinstance(load_config(None).policy, HFPolicyConfig)
+    assert isinstance(load_config(None, ["policy.kind=tiny", "policy.layers=3"]).policy, TinyPolicyConfig)
+    served = load_config(None, ["policy.kind=vllm-server", "policy.url=http://127.0.0.1:9"]).policy
+    assert isinstance(served, VLLMServerPolicyConfig) and served.max_model_len == 2048
+    with pytest.raises(
+        ConfigError,
+        match=r"policy\.kv_cache_gib is a setting of policy\.kind = 'vllm' or 'vllm-server', not 'hf'",
+    ):
+        load_config(None, ["policy.kv_cache_gib=2"])
+    with pytest.raises(
+        ConfigError,
+        match=r"policy\.kind must be one of hf, vllm, vllm-server, tiny, got 'vlm'\. Did you mean 'vllm'",
+    ):
+        load_config(None, ["policy.kind=vlm"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'policy\.hiden'.*Did you mean 'hidden'"):
+        load_config(None, ["policy.kind=tiny", "policy.hiden=3"])
+
+
+def test_a_stored_flat_config_record_reads_as_today_s_silently(recwarn) -> None:
+    from toolgym.training.config import renamed_keys
+
+    old = {"train": {"lr": 1e-5, "learners": 2, "steps": 3}, "policy": {"kind": "tiny", "tiny_layers": 1}}
+    assert renamed_keys(old) == {
+        "train": {"steps": 3, "optim": {"lr": 1e-5}, "learners": {"count": 2}},
+        "policy": {"kind": "tiny", "layers": 1},
+    }
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]

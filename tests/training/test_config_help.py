@@ -11,8 +11,9 @@ import jsonschema
 import pytest
 
 from toolgym.cli import main
-from toolgym.training.config import TrainConfig, resolve_config_path
-from toolgym.training.config_help import attribute_docs, config_fields, config_schema, config_sections
+from toolgym.training.config import RunConfig, resolve_config_path
+from toolgym.training.config.help import attribute_docs, config_fields, config_schema, config_sections
+from toolgym.training.config.policy import POLICY_KINDS
 
 
 def test_every_field_of_every_section_has_help_and_no_help_is_stale() -> None:
@@ -22,6 +23,12 @@ def test_every_field_of_every_section_has_help_and_no_help_is_stale() -> None:
         "policy",
         "sampling",
         "train",
+        "train.loss",
+        "train.optim",
+        "train.lora",
+        "train.batching",
+        "train.rollouts",
+        "train.learners",
         "curriculum",
         "warm_start",
         "heldout",
@@ -29,9 +36,13 @@ def test_every_field_of_every_section_has_help_and_no_help_is_stale() -> None:
     }
     undocumented = [f.key for f in fields if not f.help]
     assert not undocumented, f"add an Attributes: entry for {undocumented}"
-    for section, cls in config_sections(TrainConfig):
+    tables = [*config_sections(RunConfig), *(("policy", c) for c in POLICY_KINDS.values())]
+    for section, cls in tables:
         stale = set(attribute_docs(cls)) - {f.name for f in dataclasses.fields(cls)}
         assert not stale, f"[{section}] documents fields that do not exist: {sorted(stale)}"
+    policy = {f.name: f for f in fields if f.section == "policy"}
+    assert policy["kv_cache_gib"].help.startswith("(kind = vllm or vllm-server)")
+    assert policy["hidden"].help.startswith("(kind = tiny)") and not policy["model"].help.startswith("(")
 
 
 @dataclass
@@ -93,3 +104,6 @@ def test_the_schema_accepts_the_shipped_configs_and_refuses_unknown_or_mistyped_
     with pytest.raises(jsonschema.ValidationError, match="'three' is not of type 'integer'"):
         jsonschema.validate({"train": {"steps": "three"}}, schema)
     assert schema["properties"]["train"]["properties"]["steps"]["description"] == "optimizer steps to run."
+    assert schema["properties"]["train"]["properties"]["optim"]["properties"]["lr"]["type"] == "number"
+    with pytest.raises(jsonschema.ValidationError, match="'sgd' is not one of|lrr"):
+        jsonschema.validate({"train": {"optim": {"lrr": 1.0}}}, schema)

@@ -213,8 +213,8 @@ async def test_the_trainer_exports_each_checkpoint_and_the_export_serves_as_a_po
             "train.steps=3",
             "train.tasks_per_step=1",
             "train.group_size=2",
-            "train.lr=0.05",
-            "train.max_off_policy_steps=0",
+            "train.optim.lr=0.05",
+            "train.rollouts.max_off_policy_steps=0",
             "train.skip_zero_variance=false",
         ],
     )

@@ -21,14 +21,14 @@ STEPS = 24
 LEARN = [
     "env.id=toy_env:toolgym-test/Target-v0",
     "policy.kind=tiny",
-    "policy.tiny_hidden=32",
+    "policy.hidden=32",
     "sampling.max_tokens=8",
     "sampling.temperature=1.0",
     f"train.steps={STEPS}",
     "train.tasks_per_step=2",
     "train.group_size=8",
-    "train.lr=0.02",
-    "train.max_off_policy_steps=0",
+    "train.optim.lr=0.02",
+    "train.rollouts.max_off_policy_steps=0",
     "train.checkpoint_every=0",
 ]
 
@@ -59,7 +59,7 @@ async def test_the_learning_check_fails_when_the_advantages_are_flipped(tmp_path
 
 
 async def test_the_learning_check_fails_at_lr_zero(tmp_path: Path) -> None:
-    trainer = Trainer(load_config(None, [*LEARN, "train.lr=0"]), tmp_path)
+    trainer = Trainer(load_config(None, [*LEARN, "train.optim.lr=0"]), tmp_path)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     try:
         curve = [m["reward/mean"] for m in await trainer.run()]
@@ -70,7 +70,9 @@ async def test_the_learning_check_fails_at_lr_zero(tmp_path: Path) -> None:
     assert all(bool((a == b).all()) for a, b in zip(before, after, strict=True)), "lr = 0 changed a weight"
 
 
-@pytest.mark.parametrize("variant", ["train.loss_agg=seq_mean", "train.ratio=sequence", "train.tis_cap=2"])
+@pytest.mark.parametrize(
+    "variant", ["train.loss.agg=seq_mean", "train.loss.ratio=sequence", "train.loss.tis_cap=2"]
+)
 async def test_the_loss_variants_learn_too(tmp_path: Path, variant: str) -> None:
-    curve = await rewards(tmp_path, variant, "train.clip_low=0.2", "train.clip_high=0.28")
+    curve = await rewards(tmp_path, variant, "train.loss.clip_low=0.2", "train.loss.clip_high=0.28")
     assert learned(curve), (variant, [round(r, 3) for r in curve])

@@ -37,7 +37,7 @@ OUTSIDE = "the user's own file, outside the run directory\n"
 
 
 def tiny() -> TinyPolicy:
-    return TinyPolicy(hidden=CONFIG.policy.tiny_hidden, seed=CONFIG.train.seed)
+    return TinyPolicy(hidden=CONFIG.policy.hidden, seed=CONFIG.train.seed)
 
 
 async def _train(run_dir: Path, *, resume: bool = False) -> Trainer:

@@ -20,9 +20,9 @@ from toolgym.training.config import load_config
 TINY = [
     "env.id=toy_env:toolgym-test/Letters-v0",
     "policy.kind=tiny",
-    "policy.tiny_hidden=32",
+    "policy.hidden=32",
     "sampling.max_tokens=8",
-    "train.max_off_policy_steps=0",
+    "train.rollouts.max_off_policy_steps=0",
     "train.tasks_per_step=2",
     "train.group_size=2",
 ]

@@ -70,7 +70,7 @@ async def test_tiny_training_changes_parameters_and_writes_logs(tmp_path: Path) 
 
 async def test_async_lookahead_bounds_staleness(tmp_path: Path) -> None:
     config = load_config(
-        None, [*TINY, "train.max_off_policy_steps=1", "train.rollout_workers=3", "train.steps=4"]
+        None, [*TINY, "train.rollouts.max_off_policy_steps=1", "train.rollouts.workers=3", "train.steps=4"]
     )
     history = await Trainer(config, tmp_path).run()
     assert all(m["staleness/max"] <= 1 for m in history)

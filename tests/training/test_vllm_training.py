@@ -32,10 +32,10 @@ TINY_VLLM = [
     "sampling.max_tokens=16",
     "train.tasks_per_step=1",
     "train.group_size=2",
-    "train.lr=1e-4",
-    "train.max_off_policy_steps=0",
-    "train.rollout_workers=1",
-    "train.micro_batch=2",
+    "train.optim.lr=1e-4",
+    "train.rollouts.max_off_policy_steps=0",
+    "train.rollouts.workers=1",
+    "train.batching.micro_batch=2",
 ]
 
 
@@ -62,7 +62,9 @@ def test_vllm_kind_is_validated() -> None:
         load_config(None, ["policy.kind=vllm", "policy.learner_device=tpu"])
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         load_config(None, ["policy.kind=vllm", "policy.gpu_memory_utilization=1.5"])
-    with pytest.raises(ConfigError, match="policy.weights_dir is for policy.kind = 'vllm' or 'vllm-server'"):
+    with pytest.raises(
+        ConfigError, match="policy.weights_dir is a setting of policy.kind = 'vllm' or 'vllm-server'"
+    ):
         load_config(None, ["policy.weights_dir=/somewhere"])
 
 
@@ -71,7 +73,7 @@ def test_shipped_gpu_config_rolls_out_through_vllm() -> None:
     assert config.policy.kind == "vllm" and config.policy.model == "some/local/instruct-model"
     assert config.policy.learner_device == "cuda"
     assert config.env.max_total_tokens <= config.policy.max_model_len
-    assert config.sampling.top_p == 1.0 and config.train.max_off_policy_steps >= 1
+    assert config.sampling.top_p == 1.0 and config.train.rollouts.max_off_policy_steps >= 1
 
 
 def test_a_policy_without_exact_tokens_is_refused(tmp_path: Path) -> None:
@@ -176,7 +178,7 @@ async def test_lora_adapters_reach_the_engine_as_merged_weights(tmp_path: Path) 
     from toolgym.training.learn.lora import is_lora
     from toolgym.training.trainer import Trainer, build_policy
 
-    config = load_config(None, [*TINY_VLLM, "train.steps=1", "train.lora_rank=8", "train.lr=5e-3"])
+    config = load_config(None, [*TINY_VLLM, "train.steps=1", "train.lora.rank=8", "train.optim.lr=5e-3"])
     policy = build_policy(config)
     try:
         trainer = Trainer(config, tmp_path, policy=policy)

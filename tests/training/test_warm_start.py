@@ -11,12 +11,12 @@ from builders import tiny_overrides, trajectory
 
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
-from toolgym.training.config import load_config
+from toolgym.training.config import WarmStartConfig, load_config
 from toolgym.training.heldout.table import check_disjoint, heldout_table
 from toolgym.training.learn.loss import TokenFidelityError, token_logprobs
 from toolgym.training.tiny_policy import TinyPolicy, tiny_model
 from toolgym.training.trainer import Trainer
-from toolgym.training.warm_start import WarmStartConfig, _usable, fine_tune, reference_demonstrator
+from toolgym.training.warm_start import _usable, fine_tune, reference_demonstrator
 
 TINY = tiny_overrides()
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from toolgym.errors import ConfigError, MissingDependencyError, did_you_mean
+from toolgym.errors import ConfigError, MissingDependencyError, check_choice
 from toolgym.tools.search.doc_store import DocumentStore
 from toolgym.tools.search.encoder import EncoderInfo, SentenceEncoder, default_encoder_path, inspect_encoder
 
@@ -96,13 +96,8 @@ class DenseSettings:
     search: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.search not in SEARCH_MODES:
-            raise ConfigError(
-                f"search must be one of {', '.join(SEARCH_MODES)}, got {self.search!r}"
-                + did_you_mean(str(self.search), SEARCH_MODES)
-            )
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("search", self.search, SEARCH_MODES)
         for name in ("batch_size", "hnsw_m", "hnsw_ef_construction", "hnsw_ef_search"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

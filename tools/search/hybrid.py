@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from toolgym.errors import ConfigError, did_you_mean
+from toolgym.errors import ConfigError, check_choice
 from toolgym.tools.search.index import MAX_K, Hit, Index, SearchIndex
 
 __all__ = ["FUSIONS", "FusionSettings", "HybridIndex", "fuse"]
@@ -46,11 +46,7 @@ class FusionSettings:
     depth: int = 100
 
     def __post_init__(self) -> None:
-        if self.method not in FUSIONS:
-            raise ConfigError(
-                f"fusion method must be one of {', '.join(FUSIONS)}, got {self.method!r}"
-                + did_you_mean(str(self.method), FUSIONS)
-            )
+        check_choice("fusion method", self.method, FUSIONS)
         if not self.k > 0:
             raise ConfigError(f"the RRF constant k must be > 0, got {self.k!r}")
         if not 0.0 <= self.weight <= 1.0:

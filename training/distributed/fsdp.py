@@ -1,6 +1,6 @@
-"""The sharded learner: FSDP2 (``fully_shard``) over the learners' process group, ``train.shard = "fsdp2"``.
+"""The sharded learner: FSDP2 (``fully_shard``) over the learners' process group, ``train.learners.shard = "fsdp2"``.
 
-With ``train.learners = N`` and ``train.shard = "fsdp2"`` every rank, rank 0 included, trains a
+With ``train.learners.count = N`` and ``train.learners.shard = "fsdp2"`` every rank, rank 0 included, trains a
 :class:`ShardedLearner`: the model's parameters, their gradients, the fp32 master copies and the
 AdamW state are split across the N ranks (each holds 1/N of each tensor, ``Shard(0)`` on a 1-D
 device mesh: CPU under gloo, CUDA under NCCL), instead of every rank holding all of them
@@ -105,10 +105,12 @@ class ShardedLearner:
         self.held = sum(cast(Any, p).to_local().numel() for p in model.parameters()) / max(
             sum(p.numel() for p in model.parameters()), 1
         )
-        self.optimizer = LearnerOptimizer.from_config(model.parameters(), config.train)
+        self.optimizer = LearnerOptimizer.from_config(
+            model.parameters(), config.train.optim, config.train.steps
+        )
         if state is not None:
             self.optimizer.load_state_dict(self._shard_state(state))
-        self.max_grad_norm = config.train.max_grad_norm
+        self.max_grad_norm = config.train.optim.max_grad_norm
         self.device = device
 
     @classmethod

@@ -3,7 +3,7 @@
 Rank 0 is the trainer (:class:`~toolgym.training.trainer.Trainer`): it samples, plans the step, writes
 checkpoints and publishes weights, exactly as with one learner. Ranks 1..N-1 are learner processes
 that hold a copy of the trained model and its optimizer and do nothing but compute gradients
-(:func:`worker_main`). One step, with ``train.learners = N``:
+(:func:`worker_main`). One step, with ``train.learners.count = N``:
 
 1. rank 0 broadcasts the step's plan (the groups that carry signal, with their advantages);
 2. every rank takes its share of the groups, balanced by token count (:func:`shard_groups`), and
@@ -18,14 +18,14 @@ that hold a copy of the trained model and its optimizer and do nothing but compu
    gradient, so every copy of the model stays identical; rank 0 then publishes its copy (the vLLM
    weight sync, or the in-process policy's version bump), and alone writes checkpoints.
 
-Starting. ``toolgym train --learners N`` (``train.learners = N``) starts ranks 1..N-1 as child
+Starting. ``toolgym train --learners N`` (``train.learners.count = N``) starts ranks 1..N-1 as child
 processes (``python -m toolgym.training.distributed.worker``), which meet rank 0 through a ``TCPStore`` on
 localhost; a child that exits before it joins stops the run with its log's last lines
-(``RUN/learners/rank-K.log``); with ``train.backend = "ray"`` they run in Ray actors instead, on
+(``RUN/learners/rank-K.log``); with ``train.rollouts.backend = "ray"`` they run in Ray actors instead, on
 the trainer's Ray node (:mod:`toolgym.training.distributed.ray_actors`). Under ``torchrun --nproc-per-node N
 -m toolgym train ...`` the ranks
 are torchrun's (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``): rank 0 trains, the others
-enter :func:`worker_main`. The process group is gloo on CPU and NCCL on CUDA (``train.dist_backend``).
+enter :func:`worker_main`. The process group is gloo on CPU and NCCL on CUDA (``train.learners.backend``).
 
 State. The learners receive rank 0's model (and, on a resume, its optimizer state) before the first
 step they take, after the warm start: a checkpoint is always rank 0's whole state and holds no
@@ -34,11 +34,11 @@ differs from the checkpoint's). A learner that dies (a crash, SIGKILL) makes the
 fail: the run stops with :class:`~toolgym.errors.RunStopped` naming the rank and how it ended, and
 the same command resumes from the last checkpoint.
 
-Sharded. With ``train.shard = "fsdp2"`` the ranks hold FSDP2 shards of the model and optimizer
+Sharded. With ``train.learners.shard = "fsdp2"`` the ranks hold FSDP2 shards of the model and optimizer
 instead of whole copies (:mod:`toolgym.training.distributed.fsdp`); the messages, failures and checkpoints are
 the same, and rank 0 gathers the stepped weights into the whole model it samples from.
 
-Limits (each refused at start with its reason): a KL reference model (``train.kl_coef > 0``) and
+Limits (each refused at start with its reason): a KL reference model (``train.loss.kl_coef > 0``) and
 more learners than groups per step (``train.tasks_per_step``).
 """
 
@@ -135,16 +135,18 @@ class LearnerGroup:
         self.started = False
         self.synced = False
         self.shard = shard
-        self.sharded: Any = None  # rank 0's ShardedLearner (train.shard = "fsdp2"), after the first sync
+        self.sharded: Any = (
+            None  # rank 0's ShardedLearner (train.learners.shard = "fsdp2"), after the first sync
+        )
         self.step_number = 0  # the learner step under way, for messages
         self.secret = ""  # the run's learner secret, once the group starts
         self.transport: dict[str, str] = {}  # the interface pin of a one-machine group
         check_learners(self.world, backend, device)
         if shard == "fsdp2" and self.world < 2:
-            where = "torchrun's world size" if self.external else "train.learners"
+            where = "torchrun's world size" if self.external else "train.learners.count"
             raise ConfigError(
-                f"train.shard = 'fsdp2' with {self.world} learner ({where}): sharding splits the model "
-                "over several learners; set train.learners >= 2 (or start several torchrun ranks)"
+                f"train.learners.shard = 'fsdp2' with {self.world} learner ({where}): sharding splits the model "
+                "over several learners; set train.learners.count >= 2 (or start several torchrun ranks)"
             )
 
     @classmethod
@@ -152,15 +154,15 @@ class LearnerGroup:
         """The group a training config asks for (logs in ``RUN/learners``), checked against it."""
         tc = config.train
         group = cls(
-            tc.learners,
-            backend=tc.dist_backend,
+            tc.learners.count,
+            backend=tc.learners.backend,
             device=config.policy.learner_device,
-            timeout_s=tc.learner_timeout,
+            timeout_s=tc.learners.timeout,
             log_dir=run_dir / "learners",
-            placement="ray" if tc.backend == "ray" else "process",
-            shard=tc.shard,
-            nodes=tc.learner_nodes,
-            resources=tc.learner_resources,
+            placement="ray" if tc.rollouts.backend == "ray" else "process",
+            shard=tc.learners.shard,
+            nodes=tc.learners.nodes,
+            resources=tc.learners.resources,
         )
         group.check_config(config)
         return group
@@ -338,7 +340,7 @@ class LearnerGroup:
         self, model: torch.nn.Module, optimizer: Any, max_grad_norm: float, *, finite_loss: bool = True
     ) -> float:
         """The optimizer step after :meth:`accumulate`; the gradient norm before clipping. Sharded
-        (``train.shard = "fsdp2"``): every rank steps its shards and rank 0 gathers the new weights
+        (``train.learners.shard = "fsdp2"``): every rank steps its shards and rank 0 gathers the new weights
         into ``model``; ``optimizer`` (rank 0's, over the whole model) only counts the step. A
         non-finite norm or loss (the step's sums, the same on every rank) skips it everywhere:
         ``optimizer.last_skipped``."""

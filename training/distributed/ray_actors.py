@@ -1,4 +1,4 @@
-"""Learner processes as Ray actors: ``train.learners = N`` with ``train.backend = "ray"``.
+"""Learner processes as Ray actors: ``train.learners.count = N`` with ``train.rollouts.backend = "ray"``.
 
 The data-parallel learner (:mod:`toolgym.training.distributed.learners`) needs ranks 1..N-1 to run
 :func:`~toolgym.training.distributed.worker.worker_main`; with the Ray backend each runs inside a Ray actor
@@ -10,10 +10,10 @@ step over the same ``torch.distributed`` process group (gloo, or NCCL on CUDA).
 process (``poll``, ``wait``, ``kill``, ``returncode``), plus ``how`` for the error message when it
 ended otherwise than by returning.
 
-Placement (``train.learner_nodes``): by default the actors are pinned to the trainer's own Ray node
+Placement (``train.learners.nodes``): by default the actors are pinned to the trainer's own Ray node
 and the ranks meet on ``127.0.0.1``. With ``"any"`` Ray places them wherever in the cluster the
 resources they ask for are free (one GPU each when the learner device is CUDA, plus
-``train.learner_resources``, e.g. a custom ``learner_slot`` that the nodes meant for learners were
+``train.learners.resources``, e.g. a custom ``learner_slot`` that the nodes meant for learners were
 started with), and the ranks meet at the trainer node's address (``ray.util.get_node_ip_address``).
 A cluster that does not have those resources in all is refused before any actor starts (a Ray
 actor would otherwise wait for them until the join times out). The gloo and NCCL interface settings
@@ -181,7 +181,7 @@ def check_cluster_resources(
         raise ConfigError(
             f"{count} learner actor(s) need {asked} in all, and {where} has {has}: start nodes that "
             "have them (e.g. `ray start --address ... --resources '{\"learner_slot\": 1}'`), or "
-            "change train.learner_nodes / train.learner_resources / train.learners"
+            "change train.learners.nodes / train.learners.resources / train.learners.count"
         )
 
 

@@ -26,7 +26,7 @@ def require_ray() -> ModuleType:
     try:
         import ray
     except ImportError as exc:
-        raise MissingDependencyError("ray", "ray", "train.backend = 'ray'") from exc
+        raise MissingDependencyError("ray", "ray", "train.rollouts.backend = 'ray'") from exc
     return ray
 
 

@@ -5,10 +5,10 @@ into every weight, so a process that joins the group in a learner's place reads 
 Two rules keep it out:
 
 * **Nothing listens beyond loopback on one machine.** When every rank runs on the trainer's machine
-  (``--learners N`` as child processes, or Ray actors with ``train.learner_nodes = "trainer"``), rank
+  (``--learners N`` as child processes, or Ray actors with ``train.learners.nodes = "trainer"``), rank
   0's store listens on 127.0.0.1 only (a socket bound there and handed to the ``TCPStore``) and the
   collectives' transport is pinned to the loopback interface (``GLOO_SOCKET_IFNAME`` /
-  ``NCCL_SOCKET_IFNAME``). Across nodes (``train.learner_nodes = "any"``), the store listens on the
+  ``NCCL_SOCKET_IFNAME``). Across nodes (``train.learners.nodes = "any"``), the store listens on the
   trainer node's own address only, and the transport uses the interface the user names (or the
   library's choice).
 * **Every rank proves the run's secret before anything is exchanged.** Rank 0 draws a fresh secret

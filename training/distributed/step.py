@@ -71,11 +71,11 @@ def check_learners(learners: int, backend: str, device: str) -> None:
         return
     if backend == "nccl" and not torch.cuda.is_available():
         raise ConfigError(
-            "train.dist_backend = 'nccl' needs CUDA, and torch sees no CUDA device: use 'gloo' on CPU"
+            "train.learners.backend = 'nccl' needs CUDA, and torch sees no CUDA device: use 'gloo' on CPU"
         )
     if backend == "nccl" and device == "cpu":
         raise ConfigError(
-            "train.dist_backend = 'nccl' with policy.learner_device = 'cpu': NCCL reduces CUDA tensors"
+            "train.learners.backend = 'nccl' with policy.learner_device = 'cpu': NCCL reduces CUDA tensors"
         )
 
 
@@ -83,7 +83,7 @@ def torch_dist() -> Any:
     import torch.distributed as dist
 
     if not dist.is_available():
-        raise ConfigError("this torch build has no torch.distributed: train with train.learners = 1")
+        raise ConfigError("this torch build has no torch.distributed: train with train.learners.count = 1")
     return dist
 
 

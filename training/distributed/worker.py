@@ -67,7 +67,7 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
     fault_rank, _, fault_step = fault.partition(":")
     model: torch.nn.Module | None = None
     optimizer: Any = None
-    sharded: Any = None  # a ShardedLearner when train.shard = "fsdp2"
+    sharded: Any = None  # a ShardedLearner when train.learners.shard = "fsdp2"
     max_grad_norm = 1.0
     steps = 0
     try:
@@ -93,10 +93,12 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
                 if shard == "fsdp2":
                     sharded = ShardedLearner(model, config, world, rank, state)
                     continue
-                optimizer = LearnerOptimizer.from_config(model.parameters(), config.train)
+                optimizer = LearnerOptimizer.from_config(
+                    model.parameters(), config.train.optim, config.train.steps
+                )
                 if state is not None:
                     optimizer.load_state_dict(state)
-                max_grad_norm = config.train.max_grad_norm
+                max_grad_norm = config.train.optim.max_grad_norm
                 continue
             _, plan, settings = message
             steps += 1

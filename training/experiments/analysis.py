@@ -17,7 +17,7 @@ Decisions (part of the contract):
 * The bootstrap is seeded, so the same run directory always gives the same interval.
 * The interval says nothing about *why* reward rose: a curriculum that unlocks a tool raises reward
   without any weight change. :func:`stage_changes` lists the unlocks so a reader can tell them apart;
-  a run with ``train.lr = 0`` is the control that isolates them.
+  a run with ``train.optim.lr = 0`` is the control that isolates them.
 """
 
 from __future__ import annotations

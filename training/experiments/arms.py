@@ -63,7 +63,7 @@ from toolgym.errors import ConfigError, did_you_mean
 from toolgym.records.manifest import flatten
 from toolgym.records.trackers import check_trackers
 from toolgym.registry import check_id
-from toolgym.training.config import TrainConfig, load_config, resolve_shipped, to_dict
+from toolgym.training.config import RunConfig, TinyPolicyConfig, load_config, resolve_shipped, to_dict
 from toolgym.training.warm_start_phase import warm_start_identity, warm_start_tools
 
 __all__ = [
@@ -120,7 +120,7 @@ class ArmsPlan:
     spec: ArmsSpec
     config_path: str | None
     overrides: Mapping[str, tuple[str, ...]]
-    configs: Mapping[str, TrainConfig]
+    configs: Mapping[str, RunConfig]
     warm_start_from: str | None = None  # the arm whose warm start the others load
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -163,7 +163,7 @@ def toml_literal(value: Any) -> str:
 def _overrides(table: Any, where: str) -> tuple[str, ...]:
     """A ``set`` table as ``KEY=VALUE`` overrides: tables merge key by key, lists and values replace."""
     if not isinstance(table, Mapping):
-        raise ConfigError(f'{where}: set must be a table of settings (e.g. set = {{ "train.lr" = 0 }})')
+        raise ConfigError(f'{where}: set must be a table of settings (e.g. set = {{ "train.optim.lr" = 0 }})')
     out: list[str] = []
 
     def walk(node: Mapping[str, Any], prefix: str) -> None:
@@ -258,7 +258,7 @@ def load_arms(path: str | Path) -> ArmsSpec:
 
 
 # ----------------------------------------------------------------------------- the plan and its checks
-def _shared(config: TrainConfig) -> dict[str, Any]:
+def _shared(config: RunConfig) -> dict[str, Any]:
     """What every arm must keep equal, as flat dotted keys (``env.*`` is what ``allow = ["env"]`` frees)."""
     hc, pc, held_env = config.heldout, config.policy, config.heldout_env
     envs = [
@@ -283,8 +283,8 @@ def _shared(config: TrainConfig) -> dict[str, Any]:
         "train.seed": config.train.seed,
         "policy.kind": pc.kind,
         "policy.model": pc.model,
-        "policy.tiny_hidden": pc.tiny_hidden if pc.kind == "tiny" else None,
-        "policy.tiny_layers": pc.tiny_layers if pc.kind == "tiny" else None,
+        "policy.hidden": pc.hidden if isinstance(pc, TinyPolicyConfig) else None,
+        "policy.layers": pc.layers if isinstance(pc, TinyPolicyConfig) else None,
     }
     return {**flatten(json.loads(json.dumps(values, default=str))), **_env_keys(envs)}
 
@@ -294,7 +294,7 @@ def _env_keys(envs: list[dict[str, Any]]) -> dict[str, Any]:
     return flatten(json.loads(json.dumps(named, default=str)))
 
 
-def _warm_start_keys(config: TrainConfig) -> dict[str, Any]:
+def _warm_start_keys(config: RunConfig) -> dict[str, Any]:
     """What decides a warm start (as :func:`~toolgym.training.warm_start_phase.reuse_warm_start` checks it)."""
     out = warm_start_identity(to_dict(config))
     out["the warm start's tools (warm_start.tools, else the first curriculum stage)"] = sorted(
@@ -332,7 +332,7 @@ def _why(key: str) -> str:
     return 'the training environment and its tasks (allow = ["env"] lets arms differ there)'
 
 
-def _resolve(config_path: str | None, overrides: Sequence[str], where: str) -> TrainConfig:
+def _resolve(config_path: str | None, overrides: Sequence[str], where: str) -> RunConfig:
     try:
         return load_config(config_path, overrides)
     except ConfigError as exc:
@@ -447,7 +447,7 @@ def _check_stored_plan(out_dir: Path, plan: ArmsPlan) -> None:
         old = {a["name"]: a["config"] for a in stored["arms"]}
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path} is unreadable ({exc}): train the set into a new --out") from None
-    defaults = flatten(to_dict(TrainConfig()))
+    defaults = flatten(to_dict(RunConfig()))
     for name, config in plan.configs.items():
         if name not in old or not (out_dir / name).exists():
             continue

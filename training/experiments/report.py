@@ -184,7 +184,7 @@ def _heldout_html(run_dir: Path) -> str:
 <p>{text(summary["env_id"])}, split <b>{text(summary["split"])}</b> (never trained on),
 {text(summary["n"])} tasks, greedy, same tasks and seeds for every policy. Reward: {text(summary["metric"])};
 differences are paired, with bootstrap 95% intervals; <i>pooled</i> pairs each task across tracks
-(its mean over tracks; tasks resampled).{" The control is the warm-start export: with train.lr = 0 the run would end there, so trained &minus; control is RL's own share." if control else ""}{note}</p>
+(its mean over tracks; tasks resampled).{" The control is the warm-start export: with train.optim.lr = 0 the run would end there, so trained &minus; control is RL's own share." if control else ""}{note}</p>
 <table id="heldout"><tr><th>track</th>{head}
 <th>base EM</th><th>trained EM</th><th>base tool calls</th><th>trained tool calls</th></tr>{rows}</table>"""
 

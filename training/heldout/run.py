@@ -2,7 +2,7 @@
 
 :func:`run_heldout` evaluates, on the same held-out tasks, seeds and tracks, the policy the run started
 from (``base``), the warm-start export (``control``, when the run warm-started and ``heldout.control``:
-with ``train.lr = 0`` the run would end there, so ``trained - control`` is RL's own share) and the
+with ``train.optim.lr = 0`` the run would end there, so ``trained - control`` is RL's own share) and the
 run's latest export (``trained``), and writes the table (:mod:`toolgym.training.heldout.table` documents the
 layout and the honesty rules). Each evaluation is an ordinary resumable ``toolgym eval`` directory;
 ``heldout.reuse`` lets a matching earlier one stand in (:func:`find_reusable`). The ``pooled`` row of

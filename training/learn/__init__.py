@@ -4,7 +4,7 @@ In the order a step runs them: :mod:`rewards` (the learner's reward, with option
 :mod:`advantages` (group-relative, exact zero-variance groups), :mod:`grpo` (the step's plan and the
 gradient's accumulation, top to bottom), :mod:`scoring` (each sequence's logprobs with shared prompt
 prefixes computed once), :mod:`batching` (samples packed into micro-batches, the loss sums),
-:mod:`loss` (the surrogate and its variants, described as data by :mod:`objective`), :mod:`optim`
+:mod:`loss` (the surrogate and its variants, described as data by ``[train.loss]``), :mod:`optim`
 (AdamW on fp32 master weights, schedules), :mod:`lora` (adapters), and :mod:`step_guard` (a step with
 a non-finite logprob, loss or gradient is skipped). Nothing here samples, writes files other than the
 guard's, or knows about processes: the rest of ``toolgym.training`` calls into it.

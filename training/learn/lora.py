@@ -17,16 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError, MissingDependencyError
+from toolgym.training.config.train import LoraConfig
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "LoraSettings",
     "apply_lora",
     "base_weights_trainable",
     "is_lora",
@@ -38,37 +37,15 @@ __all__ = [
 _ADAPTER = "default"
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA's shape: rank ``rank`` (0 = full fine-tuning), scale ``alpha / rank``, which Linear layers."""
-
-    rank: int = 0
-    alpha: float = 16.0
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.rank < 0:
-            raise ConfigError(f"train.lora_rank must be >= 0 (0 = full fine-tuning), got {self.rank}")
-        if self.rank and not self.targets:
-            raise ConfigError("train.lora_targets must name at least one Linear layer (e.g. q_proj)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"train.lora_dropout must lie in [0, 1), got {self.dropout}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-
 def _require_peft() -> Any:
     try:
         import peft
     except ImportError as exc:
-        raise MissingDependencyError("peft", "lora", "LoRA training (train.lora_rank > 0)") from exc
+        raise MissingDependencyError("peft", "lora", "LoRA training (train.lora.rank > 0)") from exc
     return peft
 
 
-def apply_lora(model: torch.nn.Module, settings: LoraSettings, *, seed: int = 0) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, settings: LoraConfig, *, seed: int = 0) -> torch.nn.Module:
     """Inject LoRA adapters into ``model`` in place and freeze everything else; returns ``model``.
 
     Raises:
@@ -87,8 +64,8 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, *, seed: int = 0)
     if missing or not linear:
         raise ConfigError(
             f"LoRA cannot adapt {type(model).__name__}: it has no Linear layers named {missing or list(settings.targets)}"
-            f" (its Linear layers: {', '.join(linear) or 'none'}); set train.lora_targets to some of them, "
-            "or train.lora_rank = 0 for full fine-tuning"
+            f" (its Linear layers: {', '.join(linear) or 'none'}); set train.lora.targets to some of them, "
+            "or train.lora.rank = 0 for full fine-tuning"
         )
     config = peft.LoraConfig(
         r=settings.rank,

@@ -15,7 +15,7 @@ import torch
 
 from toolgym.core import Trajectory, sampled_ids_hash
 from toolgym.errors import ToolgymError
-from toolgym.training.learn.objective import AGGREGATIONS, RATIOS, LossConfig
+from toolgym.training.config.train import AGGREGATIONS, RATIOS, LossConfig
 
 __all__ = [
     "AGGREGATIONS",

@@ -8,7 +8,7 @@ on the copies (gradients cast up), and writes the rounded result back into the m
 step, so updates accumulate in fp32 as they would in an fp32 model. fp32 parameters are stepped in
 place, with no copy.
 
-Schedules (``train.lr_schedule``): ``constant``, ``linear`` (decay to ``min_lr_ratio * lr`` at the last
+Schedules (``train.optim.schedule``): ``constant``, ``linear`` (decay to ``min_lr_ratio * lr`` at the last
 step) and ``cosine`` (the same end point along a half cosine), each after ``warmup_steps`` of linear
 warm-up from ``lr / warmup_steps``. The schedule advances once per optimizer step actually taken (a
 step without an informative group leaves it where it is).
@@ -21,14 +21,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from toolgym.errors import ConfigError, did_you_mean
+from toolgym.errors import ConfigError, check_choice
+from toolgym.training.config.train import SCHEDULES, OptimConfig
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["SCHEDULES", "LearnerOptimizer", "ScheduleConfig", "lr_factor"]
-
-SCHEDULES = ("constant", "linear", "cosine")
 
 
 @dataclass(frozen=True)
@@ -41,15 +40,11 @@ class ScheduleConfig:
     min_lr_ratio: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.name not in SCHEDULES:
-            raise ConfigError(
-                f"train.lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.name!r}."
-                f"{did_you_mean(self.name, SCHEDULES)}"
-            )
+        check_choice("train.optim.schedule", self.name, SCHEDULES)
         if self.warmup_steps < 0:
-            raise ConfigError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+            raise ConfigError(f"train.optim.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"train.min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+            raise ConfigError(f"train.optim.min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
 
 
 def lr_factor(config: ScheduleConfig, step: int) -> float:
@@ -105,16 +100,13 @@ class LearnerOptimizer:
         self._apply_lr()
 
     @classmethod
-    def from_config(cls, params: Iterable[torch.nn.Parameter], train: Any) -> LearnerOptimizer:
-        """The optimizer ``[train]`` describes (``lr``, ``weight_decay``, ``betas``, the schedule): the
+    def from_config(
+        cls, params: Iterable[torch.nn.Parameter], optim: OptimConfig, steps: int
+    ) -> LearnerOptimizer:
+        """The optimizer ``[train.optim]`` describes over a run of ``steps`` optimizer steps: the
         trainer's, and every data-parallel learner's copy of it."""
-        return cls(
-            params,
-            lr=train.lr,
-            weight_decay=train.weight_decay,
-            betas=train.betas,
-            schedule=train.schedule_config(),
-        )
+        schedule = ScheduleConfig(optim.schedule, optim.warmup_steps, steps, optim.min_lr_ratio)
+        return cls(params, lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, schedule=schedule)
 
     @property
     def lr(self) -> float:

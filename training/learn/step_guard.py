@@ -89,7 +89,7 @@ class StepGuard:
                 f"{self.in_a_row} steps in a row (the last, step {step}) had a non-finite {_WHAT[reason]}; "
                 f"each was skipped, so the weights are those before them, and their groups are in "
                 f"{self.run_dir / NONFINITE_DIR}. Fix: look at those groups (a policy returning NaN "
-                "logprobs, a learning rate that diverges: lower train.lr or train.max_grad_norm), then "
+                "logprobs, a learning rate that diverges: lower train.optim.lr or train.optim.max_grad_norm), then "
                 "rerun the same command to resume from the last checkpoint (train.max_nonfinite_steps "
                 "sets how many skipped steps in a row stop the run)"
             )

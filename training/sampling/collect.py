@@ -54,7 +54,7 @@ class StepCollector:
     def start(self, workers: RolloutWorkers, version: int) -> None:
         """Admit the first waves of this step and of the look-ahead's steps."""
         self._waves.clear()
-        for _ in range(1 + self.config.train.max_off_policy_steps):
+        for _ in range(1 + self.config.train.rollouts.max_off_policy_steps):
             self.admit_next(workers, version)
 
     def admit_next(self, workers: RolloutWorkers, version: int) -> None:
@@ -80,7 +80,7 @@ class StepCollector:
                 self.infra_guard.observe(group)  # raises InfraDown when the infrastructure stays down
                 self.next_group = group.index + 1
                 age = version - group.policy_version
-                if age > tc.max_off_policy_steps:
+                if age > tc.rollouts.max_off_policy_steps:
                     self.dropped_groups += 1
                     dropped.append((group, "stale"))
                     continue

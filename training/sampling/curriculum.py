@@ -31,79 +31,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from toolgym.core import Task, Trajectory
 from toolgym.errors import ConfigError
-from toolgym.unlocks import UnlockRule, parse_rule
+from toolgym.training.config.sections import CurriculumConfig
 
-__all__ = ["CurriculumConfig", "ToolCurriculum"]
+__all__ = ["ToolCurriculum"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CurriculumConfig:
-    """Settings of :class:`ToolCurriculum`.
-
-    Attributes:
-        stages: tool sets, in unlock order; each stage lists *all* its tools (later stages usually
-            extend earlier ones). An empty tuple disables the curriculum (the env's full tool set).
-        success_threshold: a trajectory with reward >= this counts as solved.
-        window: observations (learner steps) per plateau window.
-        plateau_delta: improvement between two windows below which success has plateaued.
-        unsolved_threshold: share of never-solved tasks that unlocks the next stage.
-        min_attempts: attempts before a task counts towards the unsolved share.
-        patience: consecutive observations a signal must hold (hysteresis).
-        min_stay: observations spent in a stage before it may be left.
-        preview_prob: probability that an episode already gets the next stage's tools.
-        seed: seeds the preview draws.
-        unlocks: mid-episode unlock rules (``toolgym.unlocks`` format: ``tool``, ``after``, optional
-            ``mode``), each with an optional ``stage`` (0-based) it is bound to; without ``stage`` a
-            rule applies in every stage that lacks its tool. The tool is withheld at reset and
-            unlocked, its schema shown, when the rule fires (e.g. ``{ tool = "open", after = {
-            failed_calls = { tool = "search", n = 3 } } }``). In a mixture every environment gets the
-            rules; a tool an environment lacks is a ConfigError at its first reset.
-    """
-
-    stages: tuple[tuple[str, ...], ...] = ()
-    success_threshold: float = 0.5
-    window: int = 3
-    plateau_delta: float = 0.02
-    unsolved_threshold: float = 0.8
-    min_attempts: int = 2
-    patience: int = 2
-    min_stay: int = 3
-    preview_prob: float = 0.0
-    seed: int = 0
-    unlocks: tuple[Mapping[str, Any], ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.window < 1 or self.patience < 1 or self.min_stay < 0 or self.min_attempts < 1:
-            raise ConfigError("curriculum: window, patience and min_attempts must be >= 1 and min_stay >= 0")
-        if not 0.0 <= self.preview_prob <= 1.0 or not 0.0 <= self.unsolved_threshold <= 1.0:
-            raise ConfigError("curriculum: preview_prob and unsolved_threshold must lie in [0, 1]")
-        if any(len(stage) == 0 for stage in self.stages):
-            raise ConfigError(
-                "curriculum: a stage must list at least one tool (the terminal tool, e.g. 'answer')"
-            )
-        object.__setattr__(self, "unlocks", tuple(dict(rule) for rule in _check_unlocks(self)))
-
-    def stage_rules(self, stage: int | None) -> tuple[UnlockRule, ...]:
-        """The unlock rules an episode of ``stage`` gets (``None``: no stages, the env's full tool set)."""
-        tools = set(self.stages[stage]) if stage is not None else None
-        out = []
-        for spec, rule in zip(self.unlocks, _parsed(self.unlocks), strict=True):
-            bound = spec.get("stage")
-            if bound is not None:
-                if bound == stage:
-                    out.append(rule)
-            elif tools is None or rule.tool not in tools:
-                out.append(rule)
-        return tuple(out)
 
 
 class ToolCurriculum:
@@ -289,53 +227,3 @@ def parse_stages(stages: Sequence[Sequence[str]]) -> tuple[tuple[str, ...], ...]
 
 def _canonical(rules: Sequence[Mapping[str, Any]]) -> str:
     return json.dumps([dict(r) for r in rules], sort_keys=True)
-
-
-def _parsed(unlocks: Sequence[Mapping[str, Any]]) -> tuple[UnlockRule, ...]:
-    """The rules without their curriculum-only ``stage`` key, in the environment's format."""
-    return tuple(
-        parse_rule({k: v for k, v in spec.items() if k != "stage"}, f"curriculum.unlocks[{i}]")
-        for i, spec in enumerate(unlocks)
-    )
-
-
-def _check_unlocks(config: CurriculumConfig) -> tuple[Mapping[str, Any], ...]:
-    """Check ``config.unlocks`` against the stages (the environment checks its tools at reset)."""
-    if isinstance(config.unlocks, str | Mapping) or not isinstance(config.unlocks, Sequence):
-        raise ConfigError(f"curriculum.unlocks must be a list of rules, got {config.unlocks!r}")
-    for i, spec in enumerate(config.unlocks):
-        if not isinstance(spec, Mapping):
-            raise ConfigError(
-                f'curriculum.unlocks[{i}] must be a table like {{ tool = "open", after = {{ turn = 2 }} }}, '
-                f"got {spec!r}"
-            )
-    rules = _parsed(config.unlocks)  # the format: kinds, counts, keys
-    stages = config.stages
-    for i, (spec, rule) in enumerate(zip(config.unlocks, rules, strict=True)):
-        where = f"curriculum.unlocks[{i}] ({rule.describe()})"
-        if "stage" not in spec:
-            if stages and all(rule.tool in stage for stage in stages):
-                raise ConfigError(
-                    f"{where} never applies: every stage already allows {rule.tool!r}; drop it from the "
-                    "stage(s) where it should unlock mid-episode"
-                )
-            continue
-        bound = spec["stage"]
-        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
-            raise ConfigError(f"{where}: stage must be a stage index (0, 1, ...), got {bound!r}")
-        if stages and bound >= len(stages):
-            raise ConfigError(
-                f"{where}: stage {bound} does not exist; the curriculum has {len(stages)} stages"
-            )
-        if stages and rule.tool in stages[bound]:
-            raise ConfigError(
-                f"{where}: stage {bound} already allows {rule.tool!r} from the start: drop it from that "
-                "stage's tools or drop the rule"
-            )
-    for stage in range(len(stages)) if stages else [None]:
-        tools = [r.tool for r in config.stage_rules(stage)]
-        twice = sorted({t for t in tools if tools.count(t) > 1})
-        if twice:
-            label = f"stage {stage}" if stage is not None else "an episode"
-            raise ConfigError(f"curriculum.unlocks: {label} gets two rules for {twice[0]!r}; keep one")
-    return tuple(config.unlocks)

@@ -16,7 +16,7 @@ of group ``g`` by weight, then a task of that environment:
 
 NOTE (determinism): the environment of group ``g`` is a draw from a generator seeded by ``(seed, g)``
 against the weights of the moment; the weights change only when the learner observes a step, before
-the rollout gate opens for the next one. With ``train.max_off_policy_steps = 0`` the whole sequence is
+the rollout gate opens for the next one. With ``train.rollouts.max_off_policy_steps = 0`` the whole sequence is
 therefore a function of the seed and the observed rewards, and a resumed run (whose checkpoint holds
 the per-environment history) draws exactly the groups the uninterrupted run drew. Within an
 environment the task is drawn uniformly (with replacement, seeded by ``(seed, g)``); a single
@@ -28,18 +28,17 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from toolgym.core import TaskToolEnv, Trajectory
-from toolgym.errors import ConfigError, did_you_mean
+from toolgym.errors import ConfigError
 from toolgym.records.manifest import env_fingerprint
+from toolgym.training.config.sections import MixtureConfig
 from toolgym.training.sampling.workers import GroupSampler, make_env
 
 __all__ = [
-    "MixtureConfig",
     "MixtureSampler",
     "env_metrics",
     "mixture_metrics",
@@ -48,36 +47,6 @@ __all__ = [
 ]
 
 _NORMALIZE = ("none", "std")
-
-
-@dataclass(frozen=True)
-class MixtureConfig:
-    """``[mixture]``: how a run over several ``[[env]]`` tables samples and scales them.
-
-    Attributes:
-        adapt: scale each environment's weight by ``max(floor, 1 - share of its recent groups with
-            zero reward variance)``.
-        window: recent groups per environment the signals look at.
-        floor: the least share of its configured weight an environment keeps under ``adapt``.
-        normalize: ``none``, or ``std``: divide each group's advantages by its environment's recent
-            reward standard deviation.
-    """
-
-    adapt: bool = True
-    window: int = 8
-    floor: float = 0.25
-    normalize: str = "none"
-
-    def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ConfigError(f"mixture.window must be >= 1, got {self.window}")
-        if not 0 < self.floor <= 1:
-            raise ConfigError(f"mixture.floor must lie in (0, 1], got {self.floor}")
-        if self.normalize not in _NORMALIZE:
-            raise ConfigError(
-                f"mixture.normalize must be one of {', '.join(_NORMALIZE)}, got {self.normalize!r}."
-                f"{did_you_mean(self.normalize, _NORMALIZE)}"
-            )
 
 
 class MixtureSampler:

@@ -1,4 +1,4 @@
-"""Scale-out on Ray (``train.backend = "ray"``): environments run in Ray actors, the learner drives them.
+"""Scale-out on Ray (``train.rollouts.backend = "ray"``): environments run in Ray actors, the learner drives them.
 
 Design. An :class:`EnvActor` is a Ray actor process that builds environments by registered id (through
 :func:`toolgym.registry.make`, exactly as the in-process backend does) and hosts several of
@@ -203,15 +203,15 @@ class EnvActorPool:
         self, env_id: str, kwargs: dict[str, Any], *, actors: int = 2, num_cpus: float = 1.0
     ) -> None:
         if actors < 1:
-            raise ConfigError(f"train.ray_env_actors must be >= 1, got {actors}")
+            raise ConfigError(f"train.rollouts.ray_env_actors must be >= 1, got {actors}")
         ray = acquire_ray(actors * num_cpus)
         self._holds_ray = True
         try:
             available = ray.cluster_resources().get("CPU", 0.0)
             if available < actors * num_cpus:
                 raise ConfigError(
-                    f"train.ray_env_actors = {actors} needs {actors * num_cpus:g} CPUs but the Ray cluster "
-                    f"has {available:g}: lower train.ray_env_actors or add nodes"
+                    f"train.rollouts.ray_env_actors = {actors} needs {actors * num_cpus:g} CPUs but the Ray cluster "
+                    f"has {available:g}: lower train.rollouts.ray_env_actors or add nodes"
                 )
             # NOTE (restarts): a call caught by an actor's death is retried on the restarted actor, where a
             # reset simply starts the episode and a step finds its slot gone (an InfraError, as it must).

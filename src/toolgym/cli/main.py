@@ -233,14 +233,14 @@ def _parser() -> argparse.ArgumentParser:
         "--backend",
         choices=("asyncio", "ray"),
         default=None,
-        help="where environments run (same as train.backend=...): in-process asyncio, or Ray actors",
+        help="where environments run (same as train.rollouts.backend=...): in-process asyncio, or Ray actors",
     )
     p.add_argument(
         "--learners",
         type=int,
         default=None,
         metavar="N",
-        help="learner processes sharing each step's gradient (same as train.learners=N; gloo on CPU)",
+        help="learner processes sharing each step's gradient (same as train.learners.count=N; gloo on CPU)",
     )
     p.add_argument(
         "--help-config",
@@ -251,7 +251,9 @@ def _parser() -> argparse.ArgumentParser:
         help="list every config field with its type, default and help (json: a JSON Schema for editors)",
     )
     _add_logger_option(p)
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=1e-5")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.optim.lr=1e-5"
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(
@@ -407,15 +409,15 @@ def cmd_sandbox_build(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     if args.help_config:
-        from toolgym.training.config_help import config_schema, help_text
+        from toolgym.training.config.help import config_schema, help_text
 
         print(json.dumps(config_schema(), indent=2) if args.help_config == "json" else help_text())
         return 0
     from toolgym.training.commands import train_command
 
-    backend = [f"train.backend={args.backend}"] if args.backend else []
+    backend = [f"train.rollouts.backend={args.backend}"] if args.backend else []
     if args.learners is not None:
-        backend.append(f"train.learners={args.learners}")
+        backend.append(f"train.learners.count={args.learners}")
     if args.logger is not None:
         from toolgym.records.trackers import parse_trackers
 

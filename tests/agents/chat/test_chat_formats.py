@@ -304,13 +304,13 @@ def test_a_thinking_budget_needs_reasoning_markers():
 
 
 def test_the_training_config_names_a_known_format():
-    from toolgym.training.config import PolicyConfig
+    from toolgym.training.config import HFPolicyConfig, TinyPolicyConfig
 
-    assert PolicyConfig().chat_format == "auto"
+    assert HFPolicyConfig().chat_format == "auto"
     with pytest.raises(ConfigError, match="Did you mean 'harmony'"):
-        PolicyConfig(chat_format="harmon")
+        HFPolicyConfig(chat_format="harmon")
     with pytest.raises(ConfigError, match="'tiny' renders ChatML"):
-        PolicyConfig(kind="tiny", chat_format="llama3")
+        TinyPolicyConfig(chat_format="llama3")
 
 
 # ----------------------------------------------------------------- exports

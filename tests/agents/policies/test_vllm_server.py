@@ -82,7 +82,7 @@ def test_nothing_at_the_url_and_bad_settings_are_refused() -> None:
         VLLMServerPolicy(url="http://127.0.0.1:9")
     with pytest.raises(ConfigError, match="must start with http"):
         VLLMServerPolicy(url="localhost:8000")
-    with pytest.raises(ConfigError, match="policy.url is for policy.kind = 'vllm-server'"):
+    with pytest.raises(ConfigError, match="policy.url is a setting of policy.kind = 'vllm-server'"):
         load_config(None, ["policy.url=http://127.0.0.1:8000"])
     with pytest.raises(ConfigError, match="exceeds the vLLM engine's policy.max_model_len"):
         load_config(
@@ -264,9 +264,9 @@ async def test_training_pushes_each_step_into_the_server(server, tmp_path: Path)
             "train.steps=1",
             "train.tasks_per_step=1",
             "train.group_size=2",
-            "train.lr=1e-4",
-            "train.max_off_policy_steps=0",
-            "train.rollout_workers=1",
+            "train.optim.lr=1e-4",
+            "train.rollouts.max_off_policy_steps=0",
+            "train.rollouts.workers=1",
             "heldout.n=0",
         ],
     )

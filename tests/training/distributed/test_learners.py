@@ -38,7 +38,7 @@ ROOT = HERE.parents[1]
 # rounding scaled by the step; at this lr that stays under 1e-6 after two steps.
 OVERRIDES = [
     *tiny_overrides(steps=3, tasks_per_step=3, group_size=4),
-    "train.lr=0.001",
+    "train.optim.lr=0.001",
     "train.checkpoint_every=1",
     "train.seed=5",
     "heldout.n=0",
@@ -154,10 +154,10 @@ def test_the_fingerprint_tells_copies_apart() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("train.learners=4", r"more than train.tasks_per_step \(3\)"),
-        ("train.learners=0", "train.learners must be >= 1"),
-        ("train.dist_backend=glooo", "Did you mean 'gloo'"),
-        ("train.learner_timeout=0", "learner_timeout must be > 0"),
+        ("train.learners.count=4", r"more than train.tasks_per_step \(3\)"),
+        ("train.learners.count=0", "train.learners.count must be >= 1"),
+        ("train.learners.backend=glooo", "Did you mean 'gloo'"),
+        ("train.learners.timeout=0", "train.learners.timeout must be > 0"),
     ],
 )
 def test_learner_settings_are_checked_at_start(override: str, message: str) -> None:
@@ -167,16 +167,18 @@ def test_learner_settings_are_checked_at_start(override: str, message: str) -> N
 
 def test_sharding_settings_are_checked_at_start() -> None:
     with pytest.raises(ConfigError, match="Did you mean 'fsdp2'"):
-        load_config(None, [*OVERRIDES, "train.shard=fsdp"])
-    with pytest.raises(ConfigError, match="train.shard = 'fsdp2' with LoRA"):
-        load_config(None, [*OVERRIDES, "train.shard=fsdp2", "train.lora_rank=4"])
-    with pytest.raises(ConfigError, match=r"'fsdp2' with 1 learner \(train.learners\): sharding splits"):
+        load_config(None, [*OVERRIDES, "train.learners.shard=fsdp"])
+    with pytest.raises(ConfigError, match="train.learners.shard = 'fsdp2' with LoRA"):
+        load_config(None, [*OVERRIDES, "train.learners.shard=fsdp2", "train.lora.rank=4"])
+    with pytest.raises(
+        ConfigError, match=r"'fsdp2' with 1 learner \(train.learners.count\): sharding splits"
+    ):
         LearnerGroup(1, shard="fsdp2")
 
 
 def test_a_kl_reference_with_several_learners_is_refused() -> None:
-    with pytest.raises(ConfigError, match="kl_coef > 0 with train.learners > 1"):
-        load_config(None, [*OVERRIDES, "train.learners=2", "train.kl_coef=0.1"])
+    with pytest.raises(ConfigError, match="train.loss.kl_coef > 0 with train.learners.count > 1"):
+        load_config(None, [*OVERRIDES, "train.learners.count=2", "train.loss.kl_coef=0.1"])
 
 
 def test_torchruns_world_size_is_checked_against_the_config_too(monkeypatch) -> None:
@@ -188,24 +190,32 @@ def test_torchruns_world_size_is_checked_against_the_config_too(monkeypatch) -> 
         group.check_config(load_config(None, OVERRIDES))
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="kl_coef > 0 with several learners"):
-        LearnerGroup(1).check_config(load_config(None, [*OVERRIDES, "train.kl_coef=0.1"]))
+        LearnerGroup(1).check_config(load_config(None, [*OVERRIDES, "train.loss.kl_coef=0.1"]))
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["train.learner_nodes=anywhere"], "Did you mean 'any'"),
-        (["train.learner_nodes=any"], "needs train.backend = 'ray'"),
+        (["train.learners.nodes=anywhere"], "Did you mean 'any'"),
+        (["train.learners.nodes=any"], "needs train.rollouts.backend = 'ray'"),
         (
-            ["train.backend=ray", "train.learner_resources={learner_slot=1}"],
-            "set train.learner_nodes = 'any' too",
+            ["train.rollouts.backend=ray", "train.learners.resources={learner_slot=1}"],
+            "set train.learners.nodes = 'any' too",
         ),
         (
-            ["train.backend=ray", "train.learner_nodes=any", "train.learner_resources={learner_slot=0}"],
-            r"train.learner_resources.learner_slot must be a number > 0",
+            [
+                "train.rollouts.backend=ray",
+                "train.learners.nodes=any",
+                "train.learners.resources={learner_slot=0}",
+            ],
+            r"train.learners.resources.learner_slot must be a number > 0",
         ),
         (
-            ["train.backend=ray", "train.learner_nodes=any", "train.learner_resources={learner_slot='x'}"],
+            [
+                "train.rollouts.backend=ray",
+                "train.learners.nodes=any",
+                "train.learners.resources={learner_slot='x'}",
+            ],
             "must be a number > 0",
         ),
     ],
@@ -255,7 +265,7 @@ def test_torchrun_runs_the_same_data_parallel_training(tmp_path: Path) -> None:
     ok(train(ranked, torchrun=2))
     assert [m["learners"] for m in metrics(ranked)] == [2.0, 2.0, 2.0]
     assert max_gap(params(one), params(ranked)) < 1e-6
-    ok(train(sharded, "train.shard=fsdp2", torchrun=2))
+    ok(train(sharded, "train.learners.shard=fsdp2", torchrun=2))
     assert [m["learners/held_share"] for m in metrics(sharded)] == [0.5, 0.5, 0.5]
     assert max_gap(params(one), params(sharded)) < 1e-6
 
@@ -269,7 +279,7 @@ def test_fsdp2_learners_train_the_weights_one_learner_trains(tmp_path: Path) -> 
     """Two FSDP2-sharded gloo learners against one whole learner: same samples, same weights."""
     one, two = tmp_path / "one", tmp_path / "fsdp2"
     ok(train(one))
-    ok(train(two, "train.shard=fsdp2", "--learners", "2"))
+    ok(train(two, "train.learners.shard=fsdp2", "--learners", "2"))
     assert max_gap(params(one), params(two)) < 1e-6
     assert samples(one) == samples(two)
     rows = metrics(two)
@@ -291,7 +301,7 @@ def test_fsdp2_learners_train_the_weights_one_learner_trains(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_a_killed_fsdp2_learner_stops_the_run_and_it_resumes_at_any_size(tmp_path: Path) -> None:
     full, killed, other = tmp_path / "full", tmp_path / "killed", tmp_path / "other"
-    sharded = ["train.shard=fsdp2", "--learners", "2"]
+    sharded = ["train.learners.shard=fsdp2", "--learners", "2"]
     ok(train(full, *sharded))
     out = train(killed, *sharded, env={FAULT_ENV: "1:2"})  # rank 1 dies as step 2 arrives
     assert out.returncode == 2, out.stderr[-3000:]
@@ -311,7 +321,7 @@ def test_a_killed_fsdp2_learner_stops_the_run_and_it_resumes_at_any_size(tmp_pat
 @pytest.mark.slow
 def test_learners_as_ray_actors_train_the_same_weights_and_a_dead_actor_stops_the_run(tmp_path: Path) -> None:
     one, two, killed = tmp_path / "one", tmp_path / "ray", tmp_path / "killed"
-    on_ray = ["train.ray_env_actors=1", "--learners", "2", "--backend", "ray"]
+    on_ray = ["train.rollouts.ray_env_actors=1", "--learners", "2", "--backend", "ray"]
     ok(train(one))
     ok(train(two, *on_ray))  # environments and learner rank 1 in Ray actors
     assert max_gap(params(one), params(two)) < 1e-6
@@ -342,9 +352,9 @@ def test_a_learner_actor_on_another_ray_node_trains_the_same_weights(tmp_path: P
         cluster.wait_for_nodes()
         on_nodes = [
             *[
-                "train.ray_env_actors=1",
-                "train.learner_nodes=any",
-                "train.learner_resources={learner_slot=1}",
+                "train.rollouts.ray_env_actors=1",
+                "train.learners.nodes=any",
+                "train.learners.resources={learner_slot=1}",
             ],
             *["--learners", "2", "--backend", "ray"],
         ]
@@ -358,7 +368,7 @@ def test_a_learner_actor_on_another_ray_node_trains_the_same_weights(tmp_path: P
         assert placed["master_addr"] == placed["trainer"]["address"] != "127.0.0.1"
         assert placed["ranks"]["1"]["log"] == str(two / "learners" / "rank-1.log")  # a shared disk here
         # a resource no node has is refused by name before any actor waits for it
-        out = train(short, *on_nodes[:2], "train.learner_resources={gpu_box=2}", *on_nodes[3:], env=at)
+        out = train(short, *on_nodes[:2], "train.learners.resources={gpu_box=2}", *on_nodes[3:], env=at)
         assert out.returncode == 2, out.stderr[-3000:]
         assert "1 learner actor(s) need gpu_box=2 in all, and the Ray cluster has gpu_box=0" in out.stderr
     finally:
@@ -404,8 +414,8 @@ def test_two_learners_on_the_embedded_model(tmp_path: Path) -> None:
         "train.steps=2",
         "train.group_size=2",
         "train.tasks_per_step=2",
-        "train.lr=1e-6",
-        "train.micro_batch=2",
+        "train.optim.lr=1e-6",
+        "train.batching.micro_batch=2",
     ]
     one, two, sharded = tmp_path / "one", tmp_path / "two", tmp_path / "fsdp2"
     ok(train(one, *model_args))
@@ -414,7 +424,7 @@ def test_two_learners_on_the_embedded_model(tmp_path: Path) -> None:
     assert samples(one) == samples(two)
     assert max_gap(params(one), params(two)) < 1e-6
     # FSDP2 over the 30 decoder layers and the root (tied embedding and output head)
-    ok(train(sharded, *model_args, "train.shard=fsdp2", "--learners", "2"))
+    ok(train(sharded, *model_args, "train.learners.shard=fsdp2", "--learners", "2"))
     assert [m["learners/held_share"] for m in metrics(sharded)] == [0.5, 0.5]
     assert samples(one) == samples(sharded)
     assert max_gap(params(one), params(sharded)) < 1e-6

@@ -24,7 +24,7 @@ from builders import tiny_overrides
 from toolgym.agents.eval.evaluate import paired_bootstrap, pick_tasks
 from toolgym.cli.main import main
 from toolgym.errors import ConfigError
-from toolgym.training.config import _parse_value
+from toolgym.training.config.load import _parse_value
 from toolgym.training.experiments.arms import load_arms, plan_arms, shipped_arms, toml_literal
 from toolgym.training.experiments.arms_results import (
     ArmComparison,
@@ -52,9 +52,9 @@ TWO = """
     name = "a"
     [[arm]]
     name = "b"
-    set = { "train.lr" = 0.05 }
+    set = { "train.optim.lr" = 0.05 }
 """
-THREE = TWO + '    [[arm]]\n    name = "c"\n    set = { "train.lr" = 0.002 }\n'
+THREE = TWO + '    [[arm]]\n    name = "c"\n    set = { "train.optim.lr" = 0.002 }\n'
 
 
 # ----------------------------------------------------------------------------- the file
@@ -70,7 +70,7 @@ def test_settings_layer_base_shared_command_line_then_arm(tmp_path: Path) -> Non
         """
         description = "two learning rates"
         [set]
-        train.warmup_steps = 1
+        train.optim.warmup_steps = 1
         train.steps = 3
         env.kwargs = { max_turns = 3 }
         [[arm]]
@@ -78,7 +78,7 @@ def test_settings_layer_base_shared_command_line_then_arm(tmp_path: Path) -> Non
         [[arm]]
         name = "b"
         [arm.set]
-        train.lr = 0.05
+        train.optim.lr = 0.05
         """,
     )
     spec = load_arms(path)
@@ -88,9 +88,12 @@ def test_settings_layer_base_shared_command_line_then_arm(tmp_path: Path) -> Non
     # the base set the id and its kwargs; [set] merged max_turns in (a table merges key by key)
     assert a.env.kwargs == {"max_turns": 3, "n_tasks": 5} == b.env.kwargs
     assert a.train.steps == b.train.steps == 4  # the command line over [set]
-    assert a.train.warmup_steps == b.train.warmup_steps == 1  # [set] over the base
-    assert (a.train.lr, b.train.lr) == (0.01, 0.05)  # the arm's own setting over the command line's
-    assert plan.overrides["b"][-1] == "train.lr=0.05"
+    assert a.train.optim.warmup_steps == b.train.optim.warmup_steps == 1  # [set] over the base
+    assert (a.train.optim.lr, b.train.optim.lr) == (
+        0.01,
+        0.05,
+    )  # the arm's own setting over the command line's
+    assert plan.overrides["b"][-1] == "train.optim.lr=0.05"
 
 
 def test_the_shipped_arms_files_plan_without_loading_a_model() -> None:
@@ -129,7 +132,7 @@ def test_the_gpu_versions_of_the_ablations_plan_on_the_gpu_config() -> None:
             assert (c.policy.kind, c.policy.dtype, c.policy.learner_device) == ("vllm", "bfloat16", "cuda"), (
                 where
             )
-            assert c.train.max_off_policy_steps == 1 and c.train.steps >= 100, where
+            assert c.train.rollouts.max_off_policy_steps == 1 and c.train.steps >= 100, where
     assert [c.curriculum.stages for c in plans["curriculum"].configs.values()] == [
         (("answer", "search"), ("answer", "search", "open")),
         (),
@@ -159,11 +162,11 @@ REFUSALS = {
     "empty": ("", "has no arms: add \\[\\[arm\\]\\] tables"),
     "no arm tables": ('description = "x"\nbaseline = "a"\n', "has no arms"),
     "one arm": ('[[arm]]\nname = "a"\n', "has one arm \\('a'\\).*at least two"),
-    "name twice": ('[[arm]]\nname = "a"\n[[arm]]\nname = "a"\nset = { "train.lr" = 0.05 }\n', "arm name 'a' is used twice"),
+    "name twice": ('[[arm]]\nname = "a"\n[[arm]]\nname = "a"\nset = { "train.optim.lr" = 0.05 }\n', "arm name 'a' is used twice"),
     "name unfit for a directory": ('[[arm]]\nname = "a"\n[[arm]]\nname = "../b"\n', "name must be letters"),
     "unknown override key": (
         '[[arm]]\nname = "a"\n[[arm]]\nname = "b"\nset = { "train.lrr" = 0.05 }\n',
-        "arm 'b': unknown config key 'train.lrr'. Did you mean 'lr'\\?",
+        "arm 'b': unknown config key 'train.lrr'. Did you mean 'train.optim.lr'\\?",
     ),
     "unknown section": (
         '[[arm]]\nname = "a"\n[[arm]]\nname = "b"\n[arm.set]\ntrian.lr = 0.05\n',
@@ -172,18 +175,18 @@ REFUSALS = {
     "unknown file key": ('baseline = "a"\narms = 2\n' + TWO.replace('baseline = "a"', ""), "unknown key 'arms'. Did you mean 'arm'\\?"),
     "baseline not in the set": (TWO.replace('baseline = "a"', 'baseline = "bb"'), "baseline 'bb' is not an arm of the set \\(a, b\\). Did you mean 'b'\\?"),
     "held-out seed": (
-        TWO.replace('"train.lr" = 0.05', '"heldout.seed" = 1'),
+        TWO.replace('"train.optim.lr" = 0.05', '"heldout.seed" = 1'),
         "arm 'b' changes what the arms must share with arm 'a': heldout.seed \\(0 in 'a', 1 here: the held-out set\\)",
     ),
-    "held-out split": (TWO.replace('"train.lr" = 0.05', '"heldout.split" = "train"'), "heldout.split .*the held-out set"),
-    "held-out size": (TWO.replace('"train.lr" = 0.05', '"heldout.n" = 5'), "heldout.n \\(3 in 'a', 5 here: the held-out set\\)"),
-    "seeds": (TWO.replace('"train.lr" = 0.05', '"train.seed" = 7'), "train.seed \\(0 in 'a', 7 here: the seeds\\)"),
-    "training tasks": (TWO.replace('"train.lr" = 0.05', '"env.kwargs.n_tasks" = 4'), "env.kwargs.n_tasks .*the training environment"),
-    "starting policy": (TWO.replace('"train.lr" = 0.05', '"policy.tiny_hidden" = 16'), "policy.tiny_hidden \\(32 in 'a', 16 here: the starting policy\\)"),
+    "held-out split": (TWO.replace('"train.optim.lr" = 0.05', '"heldout.split" = "train"'), "heldout.split .*the held-out set"),
+    "held-out size": (TWO.replace('"train.optim.lr" = 0.05', '"heldout.n" = 5'), "heldout.n \\(3 in 'a', 5 here: the held-out set\\)"),
+    "seeds": (TWO.replace('"train.optim.lr" = 0.05', '"train.seed" = 7'), "train.seed \\(0 in 'a', 7 here: the seeds\\)"),
+    "training tasks": (TWO.replace('"train.optim.lr" = 0.05', '"env.kwargs.n_tasks" = 4'), "env.kwargs.n_tasks .*the training environment"),
+    "starting policy": (TWO.replace('"train.optim.lr" = 0.05', '"policy.hidden" = 16'), "policy.hidden \\(32 in 'a', 16 here: the starting policy\\)"),
     "allow too much": ('allow = ["heldout"]\n' + TWO, "allow may list only 'env'"),
-    "the same arm twice": (TWO.replace('"train.lr" = 0.05', '"train.lr" = 0.01'), "arms 'a' and 'b' resolve to the same settings"),
+    "the same arm twice": (TWO.replace('"train.optim.lr" = 0.05', '"train.optim.lr" = 0.01'), "arms 'a' and 'b' resolve to the same settings"),
     "unknown environment": (
-        TWO.replace('name = "a"', 'name = "a"\nset = { "env.id" = "toolgym/SerchQA-v0" }').replace('"train.lr" = 0.05', '"train.lr" = 0.05, "env.id" = "toolgym/SerchQA-v0"'),
+        TWO.replace('name = "a"', 'name = "a"\nset = { "env.id" = "toolgym/SerchQA-v0" }').replace('"train.optim.lr" = 0.05', '"train.optim.lr" = 0.05, "env.id" = "toolgym/SerchQA-v0"'),
         "arm 'a': unknown environment id 'toolgym/SerchQA-v0'. Did you mean 'toolgym/SearchQA-v0'\\?",
     ),
 }  # fmt: skip
@@ -214,19 +217,19 @@ def test_the_command_line_reports_a_bad_arms_file_as_an_error(tmp_path: Path, ca
 
 
 def test_arms_may_train_on_other_environments_only_when_allowed(tmp_path: Path) -> None:
-    other = TWO.replace('"train.lr" = 0.05', '"env.kwargs.n_tasks" = 4')
+    other = TWO.replace('"train.optim.lr" = 0.05', '"env.kwargs.n_tasks" = 4')
     with pytest.raises(ConfigError, match='allow = \\["env"\\] lets arms differ there'):
         plan_arms(_arms(tmp_path, other), None, TINY)
     plan = plan_arms(_arms(tmp_path, 'allow = ["env"]\n' + other, "allowed.toml"), None, TINY)
     assert plan.configs["b"].env.kwargs == {"n_tasks": 4}
     # the held-out tasks come from the first environment: allow never frees them
-    held = TWO.replace('"train.lr" = 0.05', '"heldout.kwargs" = { n_tasks = 4 }')
+    held = TWO.replace('"train.optim.lr" = 0.05', '"heldout.kwargs" = { n_tasks = 4 }')
     with pytest.raises(ConfigError, match="heldout.kwargs.n_tasks .*the held-out set"):
         plan_arms(_arms(tmp_path, 'allow = ["env"]\n' + held, "held.toml"), None, [*TINY, "heldout.n=3"])
 
 
 def test_an_arm_that_changes_the_shared_warm_start_is_refused(tmp_path: Path) -> None:
-    path = _arms(tmp_path, TWO.replace('"train.lr" = 0.05', '"env.harness" = "scaffold"'))
+    path = _arms(tmp_path, TWO.replace('"train.optim.lr" = 0.05', '"env.harness" = "scaffold"'))
     with pytest.raises(ConfigError, match="arm 'b' changes what decides the warm start .* env.harness"):
         plan_arms(path, None, [*TINY, "warm_start.samples=2"])
     plan = plan_arms(path, None, TINY)  # without a warm start the harness is the arm's to change
@@ -408,11 +411,11 @@ SET = """
     name = "slow"
     [[arm]]
     name = "fast"
-    set = { "train.lr" = 0.05 }
+    set = { "train.optim.lr" = 0.05 }
     [[arm]]
     name = "base"
     description = "no update at all"
-    set = { "train.lr" = 0.0 }
+    set = { "train.optim.lr" = 0.0 }
 """
 HELDOUT = ["heldout.n=4", 'heldout.harnesses=["bare", "scaffold"]']
 WARM = ["warm_start.samples=2", "warm_start.epochs=1", "warm_start.min_reward=0.3"]
@@ -472,7 +475,7 @@ def test_a_tiny_set_trains_every_arm_and_pairs_them_with_the_baseline(
     assert [m for m in re.findall(r'data-key="([^"]+)"', reward_plot)] == ["slow", "fast", "base"]
     assert '<table id="arms">' in page and "-0.500 [-0.500, -0.500]" in page
     assert (out / "fast" / "report.html").is_file() and 'href="fast/report.html"' in page
-    assert "<td>no update at all</td><td>train.lr=0.0</td>" in page
+    assert "<td>no update at all</td><td>train.optim.lr=0.0</td>" in page
 
 
 class MachineWentAway(Exception):
@@ -522,8 +525,8 @@ def test_an_interrupted_set_resumes_where_it_stopped(tmp_path: Path, monkeypatch
     # the same command once more: every arm is skipped; another setting for a started arm is refused
     arms_command(path, None, [*TINY, *HELDOUT], out, say=lines.append)
     assert calls == ["slow", "fast", "base"]
-    with pytest.raises(ConfigError, match="arm 'slow' in .* was started with other settings: train.lr"):
-        arms_command(path, None, [*TINY, *HELDOUT, "train.lr=0.02"], out, say=lambda _: None)
+    with pytest.raises(ConfigError, match="arm 'slow' in .* was started with other settings: train.optim.lr"):
+        arms_command(path, None, [*TINY, *HELDOUT, "train.optim.lr=0.02"], out, say=lambda _: None)
 
 
 def test_an_arm_trained_against_another_environment_state_is_refused(tmp_path: Path, monkeypatch) -> None:

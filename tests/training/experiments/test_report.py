@@ -41,10 +41,10 @@ async def test_report_renders_plots_and_trajectories_in_chromium(tmp_path: Path)
         [
             "env.id=toy_env:toolgym-test/Letters-v0",
             "policy.kind=tiny",
-            "policy.tiny_hidden=32",
+            "policy.hidden=32",
             "sampling.max_tokens=8",
             "train.steps=2",
-            "train.max_off_policy_steps=0",
+            "train.rollouts.max_off_policy_steps=0",
             'curriculum.stages=[["answer"], ["answer", "lookup"]]',
             "curriculum.min_stay=1",
             "curriculum.patience=1",

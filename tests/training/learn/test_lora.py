@@ -11,7 +11,7 @@ from builders import tiny_overrides
 
 from toolgym.errors import ConfigError
 from toolgym.training.config import load_config, to_dict
-from toolgym.training.learn.lora import LoraSettings, apply_lora, is_lora, plain_state_dict, trainable_count
+from toolgym.training.learn.lora import LoraConfig, apply_lora, is_lora, plain_state_dict, trainable_count
 from toolgym.training.tiny_policy import tiny_model
 from toolgym.training.trainer import Trainer
 
@@ -21,7 +21,7 @@ IDS = torch.tensor([[256, 5, 77, 120, 3, 9, 200]])
 def _adapted(rank: int = 4) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     model = tiny_model(hidden=32, layers=2, seed=1)
     base = {k: v.clone() for k, v in model.state_dict().items()}
-    apply_lora(model, LoraSettings(rank=rank, alpha=8.0), seed=0)
+    apply_lora(model, LoraConfig(rank=rank, alpha=8.0), seed=0)
     return model, base
 
 
@@ -53,13 +53,13 @@ def test_merged_weights_compute_what_the_adapted_model_computes() -> None:
 
 def test_targets_the_model_lacks_are_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="no Linear layers named \\['c_attn'\\]"):
-        apply_lora(tiny_model(hidden=32, layers=2), LoraSettings(rank=4, targets=("q_proj", "c_attn")))
-    with pytest.raises(ConfigError, match="lora_rank must be >= 0"):
-        load_config(None, ["train.lora_rank=-1"])
+        apply_lora(tiny_model(hidden=32, layers=2), LoraConfig(rank=4, targets=("q_proj", "c_attn")))
+    with pytest.raises(ConfigError, match="train.lora.rank must be >= 0"):
+        load_config(None, ["train.lora.rank=-1"])
 
 
 async def test_a_lora_training_run_moves_the_adapters_only(tmp_path: Path) -> None:
-    config = load_config(None, [*tiny_overrides(steps=2), "train.lora_rank=4", "train.lr=0.05"])
+    config = load_config(None, [*tiny_overrides(steps=2), "train.lora.rank=4", "train.optim.lr=0.05"])
     trainer = Trainer(config, tmp_path)
     frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
     adapters = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -103,10 +103,10 @@ async def test_a_lora_run_warm_starts_the_whole_model_as_a_full_run_does(tmp_pat
     afterwards."""
     full = await _warm_started(tmp_path / "full")
     full.close()
-    lora = Trainer(load_config(None, [*tiny_overrides(steps=1), *WARM, "train.lora_rank=4"]), tmp_path / "x")
+    lora = Trainer(load_config(None, [*tiny_overrides(steps=1), *WARM, "train.lora.rank=4"]), tmp_path / "x")
     adapters = {n: p.detach().clone() for n, p in lora.model.named_parameters() if "lora_" in n}
     lora.close()
-    lora = await _warm_started(tmp_path / "lora", "train.lora_rank=4")
+    lora = await _warm_started(tmp_path / "lora", "train.lora.rank=4")
     lora.close()
     assert all(torch.equal(p, adapters[n]) for n, p in lora.model.named_parameters() if "lora_" in n)
     trainable = [n for n, p in lora.model.named_parameters() if p.requires_grad]
@@ -129,7 +129,7 @@ async def test_a_lora_run_reuses_a_full_runs_warm_start(tmp_path: Path) -> None:
     save_file(warm, str(export / "model.safetensors"))
     (tmp_path / "full" / "config.json").write_text(json.dumps(to_dict(full.config)))  # run() writes it
     reuse = f"warm_start.reuse={tmp_path / 'full'}"
-    config = load_config(None, [*tiny_overrides(steps=1), *WARM, reuse, "train.lora_rank=4"])
+    config = load_config(None, [*tiny_overrides(steps=1), *WARM, reuse, "train.lora.rank=4"])
     lora = Trainer(config, tmp_path / "lora")
     try:
         await lora.run()  # the export goes into the adapted layers' base weights; then adapters train

@@ -221,10 +221,10 @@ async def test_trainer_step_is_the_same_with_and_without_prefix_sharing(tmp_path
     overrides = [
         "env.id=toy_env:toolgym-test/Letters-v0",
         "policy.kind=tiny",
-        "policy.tiny_hidden=32",
+        "policy.hidden=32",
         "train.group_size=4",
-        "train.micro_batch=3",
-        "train.lr=0.01",
+        "train.batching.micro_batch=3",
+        "train.optim.lr=0.01",
     ]
     samples = _group(258, 50, [10, 3, 17, 8], seed=11)
     rewarded = tuple(replace(s.trajectory, reward=float(i % 2)) for i, s in enumerate(samples))
@@ -232,7 +232,7 @@ async def test_trainer_step_is_the_same_with_and_without_prefix_sharing(tmp_path
     results = []
     for share in (False, True):
         trainer = Trainer(
-            load_config(None, [*overrides, f"train.share_prefix={str(share).lower()}"]), tmp_path
+            load_config(None, [*overrides, f"train.batching.share_prefix={str(share).lower()}"]), tmp_path
         )
         try:
             learn = await trainer._learn([group])

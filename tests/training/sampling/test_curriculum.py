@@ -8,7 +8,8 @@ import pytest
 
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
-from toolgym.training.sampling.curriculum import CurriculumConfig, ToolCurriculum
+from toolgym.training.config import CurriculumConfig
+from toolgym.training.sampling.curriculum import ToolCurriculum
 
 STAGES = (("answer",), ("answer", "search"), ("answer", "search", "open"))
 

@@ -9,9 +9,9 @@ import pytest
 
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
-from toolgym.training.config import load_config
+from toolgym.training.config import MixtureConfig, load_config
 from toolgym.training.learn.grpo import plan_step
-from toolgym.training.sampling.mixture import MixtureConfig, MixtureSampler, env_metrics
+from toolgym.training.sampling.mixture import MixtureSampler, env_metrics
 from toolgym.training.sampling.workers import GroupSampler
 
 TWO = """
@@ -201,13 +201,13 @@ async def test_a_mixture_run_logs_reports_and_reverifies_each_environment_on_its
         write(tmp_path, mixture),
         [
             "policy.kind=tiny",
-            "policy.tiny_hidden=16",
-            "policy.tiny_layers=1",
+            "policy.hidden=16",
+            "policy.layers=1",
             "sampling.max_tokens=8",
             "train.steps=4",
             "train.tasks_per_step=3",
             "train.group_size=2",
-            "train.max_off_policy_steps=0",
+            "train.rollouts.max_off_policy_steps=0",
             "train.seed=2",
         ],
     )
@@ -258,13 +258,13 @@ def _letters_and_target(tmp_path: Path, target_split: str) -> Path:
 
 MIXED_CURVE = [
     "policy.kind=tiny",
-    "policy.tiny_hidden=16",
-    "policy.tiny_layers=1",
+    "policy.hidden=16",
+    "policy.layers=1",
     "sampling.max_tokens=6",
     "train.steps=2",
     "train.tasks_per_step=2",
     "train.group_size=2",
-    "train.max_off_policy_steps=0",
+    "train.rollouts.max_off_policy_steps=0",
     "train.seed=3",
     "heldout.env=target",
     "heldout.every=2",

@@ -47,12 +47,12 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 def test_backend_is_a_config_field_with_did_you_mean() -> None:
-    assert load_config(None, []).train.backend == "asyncio"
-    assert load_config(None, ["train.backend=ray"]).train.backend == "ray"
+    assert load_config(None, []).train.rollouts.backend == "asyncio"
+    assert load_config(None, ["train.rollouts.backend=ray"]).train.rollouts.backend == "ray"
     with pytest.raises(ConfigError, match="Did you mean 'ray'"):
-        load_config(None, ["train.backend=rya"])
+        load_config(None, ["train.rollouts.backend=rya"])
     with pytest.raises(ConfigError, match="ray_env_actors"):
-        load_config(None, ["train.ray_env_actors=0"])
+        load_config(None, ["train.rollouts.ray_env_actors=0"])
 
 
 def test_cli_backend_flag_is_the_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,7 +63,7 @@ def test_cli_backend_flag_is_the_override(tmp_path: Path, monkeypatch: pytest.Mo
         commands, "train_command", lambda config, overrides, out: seen.append(overrides) or out
     )
     assert main(["train", "--out", str(tmp_path), "--backend", "ray", "train.steps=1"]) == 0
-    assert seen == [["train.steps=1", "train.backend=ray"]]
+    assert seen == [["train.steps=1", "train.rollouts.backend=ray"]]
     with pytest.raises(SystemExit):
         main(["train", "--backend", "rya"])
 
@@ -81,12 +81,12 @@ def test_cli_train_on_ray_matches_asyncio_and_shuts_ray_down(
 
     monkeypatch.setattr(EnvActorPool, "make", spy_make)
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "asyncio"
-    assert main(["train", "--out", str(ray_dir), *TINY, "train.backend=ray"]) == 0
+    assert main(["train", "--out", str(ray_dir), *TINY, "train.rollouts.backend=ray"]) == 0
     # every episode ran on actor slots: 2 workers x group of 4 concurrent episodes
     assert len(made) == 2 * 4 and all(isinstance(env, ActorEnv) for env in made)
     # the backend started its own local instance, so it shut it down
     assert not ray.is_initialized()
-    assert json.loads((ray_dir / "config.json").read_text())["train"]["backend"] == "ray"
+    assert json.loads((ray_dir / "config.json").read_text())["train"]["rollouts"]["backend"] == "ray"
     assert main(["train", "--out", str(local_dir), *TINY]) == 0
 
     records = _records(ray_dir)

@@ -88,8 +88,8 @@ async def test_two_runs_of_one_config_sample_and_train_identically(tmp_path: Pat
     overrides = [
         *tiny_overrides(steps=4, tasks_per_step=2, group_size=3),
         "env.kwargs={ latency = 0.01 }",
-        "train.max_off_policy_steps=1",
-        "train.rollout_workers=3",
+        "train.rollouts.max_off_policy_steps=1",
+        "train.rollouts.workers=3",
         "train.dynamic_sampling=true",
     ]
     runs = []
@@ -107,12 +107,12 @@ async def test_the_heldout_curve_evaluates_the_training_policy_on_the_test_split
     overrides = [
         "env.id=toy_env:toolgym-test/Target-v0",
         "policy.kind=tiny",
-        "policy.tiny_hidden=32",
+        "policy.hidden=32",
         "sampling.max_tokens=6",
         "train.steps=4",
         "train.tasks_per_step=1",
         "train.group_size=2",
-        "train.max_off_policy_steps=0",
+        "train.rollouts.max_off_policy_steps=0",
         'env.kwargs={ split = "train" }',
         "heldout.every=2",
         "heldout.curve_n=3",

@@ -21,7 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from toolgym.training.config import TrainConfig, json_safe
+from toolgym.training.config.load import json_safe
+from toolgym.training.config.policy import POLICY_KINDS, PolicyBase, PolicyConfig
+from toolgym.training.config.run import RunConfig
 
 __all__ = ["FieldHelp", "attribute_docs", "config_fields", "config_schema", "config_sections", "help_text"]
 
@@ -101,37 +103,81 @@ def toml_kind(hint: Any) -> str:
     return "any"
 
 
-def config_sections(config_cls: type) -> list[tuple[str, type]]:
-    """``(name, dataclass)`` of each section of a config class (its dataclass-typed fields)."""
+def config_sections(config_cls: type, prefix: str = "") -> list[tuple[str, type]]:
+    """``(dotted name, dataclass)`` of each table of a config class, sub-tables after their table
+    (``train``, ``train.loss``, ...); ``[policy]`` is :class:`PolicyBase` (each kind's own fields are
+    listed with it, see :func:`config_fields`)."""
     hints = typing.get_type_hints(config_cls)
-    return [
-        (f.name, hints[f.name])
-        for f in dataclasses.fields(config_cls)
-        if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])
-    ]
+    out: list[tuple[str, type]] = []
+    for f in dataclasses.fields(config_cls):
+        hint = hints[f.name]
+        if hint == PolicyConfig:
+            out.append((prefix + f.name, PolicyBase))
+        elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            out.append((prefix + f.name, hint))
+            out.extend(config_sections(hint, f"{prefix}{f.name}."))
+    return out
+
+
+def _docs(cls: type) -> dict[str, str]:
+    """The ``Attributes:`` entries of ``cls`` and of the classes it inherits fields from."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            docs.update(attribute_docs(base))
+    return docs
+
+
+def _table_fields(section: str, cls: type, note: str = "") -> list[FieldHelp]:
+    docs = _docs(cls)
+    hints = typing.get_type_hints(cls)
+    defaults = cls()
+    out = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]) or hints[f.name] == PolicyConfig:
+            continue  # a sub-table: listed as its own section
+        description = docs.get(f.name, "")
+        if note:
+            description = f"{note} {description}"
+        out.append(
+            FieldHelp(
+                section=section,
+                name=f.name,
+                kind=toml_kind(hints[f.name]),
+                default=getattr(defaults, f.name),
+                help=_first_sentence(description),
+                description=description.replace("``", "`"),
+            )
+        )
+    return out
 
 
 def config_fields(config_cls: type | None = None) -> list[FieldHelp]:
-    """Every field of every section of the training config, in declaration order."""
+    """Every field of every table of the training config, in declaration order. ``[policy]`` lists the
+    fields every kind takes, then each kind's own (their help starts with the kind)."""
     if config_cls is None:
-        config_cls = TrainConfig
+        config_cls = RunConfig
     out: list[FieldHelp] = []
     for section, cls in config_sections(config_cls):
-        docs = attribute_docs(cls)
-        hints = typing.get_type_hints(cls)
-        defaults = cls()
-        for f in dataclasses.fields(cls):
-            description = docs.get(f.name, "")
-            out.append(
-                FieldHelp(
-                    section=section,
-                    name=f.name,
-                    kind=toml_kind(hints[f.name]),
-                    default=getattr(defaults, f.name),
-                    help=_first_sentence(description),
-                    description=description.replace("``", "`"),
-                )
-            )
+        out.extend(_table_fields(section, cls))
+        if cls is PolicyBase:  # each kind's own fields, once, marked with the kinds that take them
+            seen = {f.name for f in dataclasses.fields(PolicyBase)}
+            for kind_cls in POLICY_KINDS.values():
+                for item in _table_fields(section, kind_cls):
+                    if item.name in seen:
+                        continue
+                    seen.add(item.name)
+                    kinds = [
+                        k
+                        for k, c in POLICY_KINDS.items()
+                        if item.name in {f.name for f in dataclasses.fields(c)}
+                    ]
+                    note = f"(kind = {' or '.join(kinds)})"
+                    out.append(
+                        dataclasses.replace(
+                            item, help=f"{note} {item.help}", description=f"{note} {item.description}"
+                        )
+                    )
     return out
 
 
@@ -177,14 +223,22 @@ def config_schema() -> dict[str, Any]:
     """A JSON Schema (draft 2020-12) of a training-config TOML file, with every field's description."""
 
     sections: dict[str, Any] = {}
+
+    def table(dotted: str) -> dict[str, Any]:  # a table's schema node, sub-tables inside their table
+        *parents, name = dotted.split(".")
+        node = sections
+        for parent in parents:
+            node = node[parent]["properties"]
+        return node.setdefault(name, {"type": "object", "additionalProperties": False, "properties": {}})
+
+    for section, _ in config_sections(RunConfig):
+        table(section)
     for f in config_fields():
         prop: dict[str, Any] = {"description": f.description, "default": json_safe(f.default)}
         if f.kind in _SCHEMA_TYPES:
             prop["type"] = _SCHEMA_TYPES[f.kind]
-        node = sections.setdefault(
-            f.section, {"type": "object", "additionalProperties": False, "properties": {}}
-        )
-        node["properties"][f.name] = prop
+        table(f.section)["properties"][f.name] = prop
+    sections["policy"]["properties"]["kind"]["enum"] = list(POLICY_KINDS)
     # several [[env]] tables (a mixture) are an array of env tables
     sections["env"] = {"anyOf": [sections["env"], {"type": "array", "minItems": 1, "items": sections["env"]}]}
     return {
