@@ -68,6 +68,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/retrieval.py",
         "bench/search.py",
         "bench/search_scale.py",
+        "bench/search_split.py",
         "bench/serve.py",
         "bench/train_rollouts.py",
         "bench/weight_sync.py",
@@ -77,6 +78,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "src/toolgym/__main__.py",  # tests/training/distributed/test_learners.py: python -m toolgym train (and torchrun)
         "training/distributed/worker.py",  # the learner processes those tests start
         "envs/code_exec/__main__.py",
+        "envs/search_qa/hard.py",
         "tools/sandbox/image.py",
     }
     # programs that run inside sandbox containers are not entry points of the host package
@@ -223,6 +225,18 @@ def test_bench_search_scale():
         out
     )
     assert "growth exponents (300 -> 900 passages):" in out
+
+
+def test_bench_search_split():
+    out = run("bench/search_split.py", "--n", "5")
+    assert "| hard | test | copy | 5 |" in out and "| hard | test | reformulate | 5 | 1.000 |" in out, out
+    assert "search_split: 40 episodes in" in out
+
+
+@pytest.mark.slow
+def test_search_qa_hard_module_rebuilds_the_question_set(tmp_path):
+    out = run("-m", "toolgym.envs.search_qa.hard", "--out", tmp_path / "hard.jsonl")
+    assert "wrote 453 questions" in out and (tmp_path / "hard.jsonl").is_file()
 
 
 @pytest.mark.docker

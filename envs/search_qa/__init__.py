@@ -12,10 +12,14 @@
 4. Splits (``split="train" | "test" | "all"``, default ``"all"``, every question): questions about one
    paragraph never straddle the line (the rule: :mod:`~toolgym.envs.search_qa.data`). Default data:
    924 train / 266 test questions (187 / 53 paragraphs). Train on ``"train"``, report on ``"test"``.
+5. ``questions="hard"``: 453 questions (331 train / 122 test) on which searching the question itself
+   fails and another query works (:mod:`~toolgym.envs.search_qa.hard`); ``select="copy-fails"``
+   applies that test to any question set.
 
 Document ids are short (``xq0042``, ``wk01234``) so that a small model can copy them. Modules: ``env``
 (the environment and its tools) · ``verifier`` · ``data`` (questions, documents, the shared index) ·
-``rules`` (the model-free baseline of ``--policy scripted`` and the warm start's reference rule).
+``hard`` (the hard set) · ``rules`` (the model-free baseline of ``--policy scripted``, the warm start's
+reference rule and the reformulating rule).
 """
 
 from __future__ import annotations
@@ -28,24 +32,31 @@ from toolgym.envs.search_qa.data import (
     default_questions,
     split_key,
 )
-from toolgym.envs.search_qa.env import MAX_K, SNIPPET_CHARS, SearchQAEnv
-from toolgym.envs.search_qa.rules import baseline_rule, reference_rule
+from toolgym.envs.search_qa.env import DEFAULT_K, MAX_K, QUESTION_SETS, SNIPPET_CHARS, SearchQAEnv
+from toolgym.envs.search_qa.hard import build_hard_questions, hard_questions, select_copy_fails
+from toolgym.envs.search_qa.rules import baseline_rule, reference_rule, reformulating_rule
 from toolgym.envs.search_qa.verifier import METRICS, ExactMatchVerifier, f1_score, normalize_answer
 
 __all__ = [
+    "DEFAULT_K",
     "MAX_K",
     "METRICS",
     "PROMPT",
+    "QUESTION_SETS",
     "SNIPPET_CHARS",
     "SPLIT_NAMESPACE",
     "TEST_FRACTION",
     "ExactMatchVerifier",
     "SearchQAEnv",
     "baseline_rule",
+    "build_hard_questions",
     "default_corpus",
     "default_questions",
     "f1_score",
+    "hard_questions",
     "normalize_answer",
     "reference_rule",
+    "reformulating_rule",
+    "select_copy_fails",
     "split_key",
 ]

@@ -28,6 +28,7 @@ __all__ = [
     "PROMPT",
     "SPLIT_NAMESPACE",
     "TEST_FRACTION",
+    "data_dir",
     "default_corpus",
     "default_questions",
     "load_corpus",
@@ -43,19 +44,20 @@ SPLIT_NAMESPACE = "SearchQA"
 PROMPT = "Question: {question}\nSearch the documents to find the answer, then call the answer tool with a short answer."
 
 
-def _data_dir() -> Path:
+def data_dir() -> Path:
+    """The folder of SearchQA's shipped data files (inside the package)."""
     return Path(str(resources.files("toolgym.envs") / "data" / "search_qa"))
 
 
 def default_corpus() -> list[dict[str, str]]:
     """XQuAD-en paragraphs (``xq`` ids) followed by the Wikipedia lead paragraphs (``wk`` ids)."""
-    data = json.loads((_data_dir() / "xquad.en.json").read_text(encoding="utf-8"))
+    data = json.loads((data_dir() / "xquad.en.json").read_text(encoding="utf-8"))
     docs: list[dict[str, str]] = []
     for article in data["data"]:
         title = article["title"].replace("_", " ")
         for paragraph in article["paragraphs"]:
             docs.append({"id": f"xq{len(docs):04d}", "title": title, "text": paragraph["context"]})
-    with gzip.open(_data_dir() / "wiki_vital_summaries_en.json.gz", "rt", encoding="utf-8") as fh:
+    with gzip.open(data_dir() / "wiki_vital_summaries_en.json.gz", "rt", encoding="utf-8") as fh:
         wiki = json.load(fh)
     for i, key in enumerate(sorted(wiki)):
         entry = wiki[key]
@@ -80,7 +82,7 @@ def default_questions() -> list[Task]:
     ``metadata["gold_doc"]`` is the paragraph that answers each, and ``metadata["split"]`` its split
     (see the module docstring).
     """
-    data = json.loads((_data_dir() / "xquad.en.json").read_text(encoding="utf-8"))
+    data = json.loads((data_dir() / "xquad.en.json").read_text(encoding="utf-8"))
     tasks, para = [], 0
     for article in data["data"]:
         for paragraph in article["paragraphs"]:

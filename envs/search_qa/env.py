@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,15 +18,67 @@ from toolgym.envs.search_qa.data import (
     shared_index,
 )
 from toolgym.envs.search_qa.verifier import ExactMatchVerifier
-from toolgym.errors import ConfigError, ToolCallError
+from toolgym.errors import ConfigError, ToolCallError, did_you_mean
 from toolgym.parsing import format_tool_call
 from toolgym.splits import check_split, select_split
 from toolgym.tools.search.retriever import RetrieverSettings
 
-__all__ = ["MAX_K", "SNIPPET_CHARS", "SearchQAEnv"]
+__all__ = [
+    "DEFAULT_K",
+    "MAX_K",
+    "QUESTION_SETS",
+    "SELECTIONS",
+    "SNIPPET_CHARS",
+    "SearchQAEnv",
+    "format_results",
+]
 
+#: The built-in question sets that ``questions=`` names (any other value is a path): the XQuAD questions
+#: (the default) and the hard set, on which searching the question itself fails
+#: (:mod:`~toolgym.envs.search_qa.hard`).
+QUESTION_SETS = ("xquad", "hard")
+#: What ``select=`` accepts: every question, or those on which copying the question fails.
+SELECTIONS = ("all", "copy-fails")
+
+#: Results a ``search`` call shows when the model gives no ``k`` (what copying the question sees).
+DEFAULT_K = 3
 MAX_K = 10
 SNIPPET_CHARS = 240
+
+
+def format_results(index: Any, hits: Sequence[Any]) -> str:
+    """What ``search`` shows for ``hits``: one ``[doc_id] title: snippet`` line each.
+
+    The hard question set is built against this text (:mod:`~toolgym.envs.search_qa.hard`), so "shown"
+    there means shown to the model here.
+    """
+    if not hits:
+        return "No results. Try other words."
+    lines = []
+    for hit in hits:
+        doc = index.get(hit.doc_id)
+        snippet = doc["text"][:SNIPPET_CHARS] + ("..." if len(doc["text"]) > SNIPPET_CHARS else "")
+        lines.append(f"[{hit.doc_id}] {doc['title']}: {snippet}")
+    return "\n".join(lines)
+
+
+def _question_set(questions: str | Path | None) -> str | None:
+    """The built-in set ``questions`` names (``None``: the default), or ``None`` for a path.
+
+    A bare word that is neither a set nor an existing file is refused with a suggestion, so a typo of
+    a set's name is not read as a missing file.
+    """
+    if questions is None:
+        return "xquad"
+    if isinstance(questions, str) and questions in QUESTION_SETS:
+        return questions
+    text = str(questions)
+    if isinstance(questions, str) and not Path(text).exists() and re.fullmatch(r"[\w-]+", text):
+        raise ConfigError(
+            f"questions={text!r} is neither a built-in question set nor a file.{did_you_mean(text, QUESTION_SETS)} "
+            f"Built-in sets: {', '.join(QUESTION_SETS)}; anything else is a path to a JSONL file"
+        )
+    return None
 
 
 class SearchQAEnv(ToolEnv):
@@ -33,9 +86,15 @@ class SearchQAEnv(ToolEnv):
 
     Args:
         corpus: JSONL of ``{"id", "title", "text"}`` documents; default: XQuAD + Wikipedia.
-        questions: JSONL of ``{"id", "question", "answers": [...]}`` (optional ``gold_doc``, ``split``);
-            default: XQuAD-en. Required with ``corpus``: the built-in questions are about the
-            built-in documents, so scoring them against another corpus would be silently wrong.
+        questions: JSONL of ``{"id", "question", "answers": [...]}`` (optional ``gold_doc``, ``split``),
+            or a built-in set (:data:`QUESTION_SETS`): ``"xquad"`` (default, XQuAD-en) or ``"hard"``
+            (questions whose own words do not find their answer; :mod:`~toolgym.envs.search_qa.hard`).
+            A file is required with ``corpus``: the built-in questions are about the built-in
+            documents, so scoring them against another corpus would be silently wrong.
+        select: ``"all"`` (default) or ``"copy-fails"``: keep only the questions on which searching
+            the question itself fails and another query works (the test of
+            :func:`~toolgym.envs.search_qa.hard.select_copy_fails`, with this environment's search);
+            a selection that leaves fewer than 100 questions in ``split`` is refused.
         split: ``"train"``, ``"test"`` or ``"all"`` (default: every question);
             see the module docstring for the rule.
         backend: the BM25 engine, ``"default"`` (in-process BM25) or ``"pyserini"`` (Lucene).
@@ -58,6 +117,7 @@ class SearchQAEnv(ToolEnv):
         questions: str | Path | None = None,
         *,
         split: str = "all",
+        select: str = "all",
         backend: str = "default",
         retriever: str = "bm25",
         encoder: str | Path | None = None,
@@ -72,23 +132,43 @@ class SearchQAEnv(ToolEnv):
         self.show_demonstration = demonstration
         self.verifier = ExactMatchVerifier(metric)
         check_split(split)
-        search = RetrieverSettings.from_args(retriever, backend, encoder, query_prefix, passage_prefix)
-        if corpus is not None and questions is None:
+        if select not in SELECTIONS:
             raise ConfigError(
-                f"corpus={str(corpus)!r} was given without questions=: the built-in XQuAD questions "
-                "are about the built-in documents and would be scored against yours. Pass "
+                f"unknown select {select!r}.{did_you_mean(str(select), SELECTIONS)} Choose one of: "
+                + ", ".join(SELECTIONS)
+            )
+        search = RetrieverSettings.from_args(retriever, backend, encoder, query_prefix, passage_prefix)
+        builtin = _question_set(questions)
+        if corpus is not None and builtin is not None:
+            given = (
+                "without questions=: the built-in XQuAD questions are"
+                if questions is None
+                else f"with questions={questions!r}: the built-in question set is"
+            )
+            raise ConfigError(
+                f"corpus={str(corpus)!r} was given {given} about the built-in documents and would be "
+                "scored against yours. Pass "
                 'questions=\'questions.jsonl\' (one {"id", "question", "answers"} per line, see '
                 "environments.md), or drop corpus= to use the built-in data"
             )
-        tasks = load_questions(questions) if questions is not None else default_questions()
-        self.selection = select_split(tasks, split)
-        self.split = split
-        self.tasks = list(self.selection.tasks)
+        if builtin == "hard":
+            from toolgym.envs.search_qa.hard import hard_questions
+
+            tasks = hard_questions()
+        else:
+            tasks = default_questions() if builtin == "xquad" else load_questions(str(questions))
         if corpus is None:
             self.index = shared_index("default", search, default_corpus)
         else:
             path = Path(corpus).resolve()
             self.index = shared_index(str(path), search, lambda: load_corpus(path))
+        if select == "copy-fails":
+            from toolgym.envs.search_qa.hard import select_copy_fails
+
+            tasks = select_copy_fails(tasks, self.index, split=split)
+        self.selection = select_split(tasks, split)
+        self.split = split
+        self.tasks = list(self.selection.tasks)
         self._tool_list = self._make_tools()
 
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
@@ -119,7 +199,7 @@ class SearchQAEnv(ToolEnv):
     def _make_tools(self) -> list[Tool]:
         index = self.index
 
-        def search(query: str, k: int = 3) -> str:
+        def search(query: str, k: int = DEFAULT_K) -> str:
             """Search the document collection. Returns up to k results as [doc_id] title: snippet.
 
             Args:
@@ -130,15 +210,7 @@ class SearchQAEnv(ToolEnv):
                 raise ToolCallError("empty query: pass the words to search for", tool="search")
             if not 1 <= k <= MAX_K:
                 raise ToolCallError(f"k must be between 1 and {MAX_K}, got {k}", tool="search")
-            hits = index.search(query, k=k)
-            if not hits:
-                return "No results. Try other words."
-            lines = []
-            for hit in hits:
-                doc = index.get(hit.doc_id)
-                snippet = doc["text"][:SNIPPET_CHARS] + ("..." if len(doc["text"]) > SNIPPET_CHARS else "")
-                lines.append(f"[{hit.doc_id}] {doc['title']}: {snippet}")
-            return "\n".join(lines)
+            return format_results(index, index.search(query, k=k))
 
         def open_doc(doc_id: str) -> str:
             """Read the full text of a document by its id.

@@ -19,12 +19,13 @@ __all__ = ["METRICS", "ExactMatchVerifier", "f1_score", "normalize_answer"]
 METRICS = ("em", "f1")
 
 
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD v1.1 normalisation: lower-case, drop punctuation and articles, collapse whitespace."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION)).split())
 
 
 def f1_score(prediction: str, gold: str) -> float:

@@ -88,6 +88,18 @@ def test_oracle_episode_scores_one(env):
     assert info["metrics"]["reward/em"] == 1.0 and info["metrics"]["tool/search/calls"] == 1.0
 
 
+def test_search_without_k_shows_what_the_hard_set_was_built_against(env):
+    from toolgym.envs.search_qa import DEFAULT_K
+    from toolgym.envs.search_qa.env import format_results
+
+    task = default_questions()[3]
+    env.reset(seed=0, options={"task_id": task.id})
+    obs, *_ = env.step(call("search", query=task.metadata["question"]))
+    index = env.unwrapped.index
+    expected = format_results(index, index.search(task.metadata["question"], k=DEFAULT_K))
+    assert obs[0]["content"] == expected and len(expected.splitlines()) == DEFAULT_K == 3
+
+
 def test_demonstration_follows_the_allowed_tools():
     env = gymnasium.make(ENV_ID)
     obs, _ = env.reset(seed=0)
