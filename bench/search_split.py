@@ -37,7 +37,7 @@ import gymnasium
 
 import toolgym  # noqa: F401  (registers the environments)
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import RulePolicy
+from toolgym.agents.policies.base import RulePolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams, Task, Trajectory
 from toolgym.envs.search_qa import reference_rule, reformulating_rule

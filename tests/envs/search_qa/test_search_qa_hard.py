@@ -11,7 +11,7 @@ import pytest
 
 import toolgym  # noqa: F401
 from toolgym.agents.harness import get_harness
-from toolgym.agents.policy import RulePolicy
+from toolgym.agents.policies.base import RulePolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams, Task
 from toolgym.envs.search_qa import (
