@@ -70,7 +70,7 @@ if [ "${TOOLGYM_SMOKE_ENGINE:-auto}" != hf ] && "$py" -c "import vllm" 2>/dev/nu
 else
   echo "gpu_smoke: vllm is not installed (pip install 'toolgym[vllm]'): checking the transformers path"
   engine=hf
-  "$py" -m toolgym train --config demo --out "$out" policy.kind=hf policy.cpu_reserved=-1 \
+  "$py" -m toolgym train --config demo --out "$out" policy.kind=hf \
     "policy.dtype=$dtype" "policy.learner_device=$device" heldout.engine=hf "${model[@]}" "$@"
 fi
 train_s=$(( $(date +%s) - start ))

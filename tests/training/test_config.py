@@ -126,6 +126,28 @@ def test_the_policy_table_is_the_table_of_its_kind() -> None:
         load_config(None, ["policy.kind=tiny", "policy.hiden=3"])
 
 
+def test_an_override_of_the_kind_leaves_out_the_file_s_settings_of_another_kind(
+    tmp_path: Path, caplog
+) -> None:
+    from toolgym.training.config import TinyPolicyConfig
+
+    path = write(tmp_path, '[policy]\nkind = "vllm"\nmax_model_len = 4096\nthreads = 2\n')
+    with caplog.at_level("INFO"):
+        cfg = load_config(path, ["policy.kind=tiny", "policy.hidden=32"])
+    assert isinstance(cfg.policy, TinyPolicyConfig) and cfg.policy.hidden == 32 and cfg.policy.threads == 2
+    assert "max_model_len of the earlier kind are not used" in caplog.text
+    # a setting of another kind given on the command line is still refused by name
+    with pytest.raises(ConfigError, match=r"policy\.max_model_len is a setting of .* not 'tiny'"):
+        load_config(path, ["policy.kind=tiny", "policy.max_model_len=512"])
+    # the later of two kinds wins, with what was given after it
+    cfg = load_config(None, ["policy.kind=tiny", "policy.hidden=32", "policy.kind=hf", "policy.max_batch=4"])
+    assert cfg.policy.kind == "hf" and cfg.policy.max_batch == 4
+    # without an override of the kind, the file's table is checked whole
+    bad = write(tmp_path, '[policy]\nkind = "tiny"\nmax_model_len = 4096\n')
+    with pytest.raises(ConfigError, match=r"policy\.max_model_len is a setting of .* not 'tiny'"):
+        load_config(bad)
+
+
 def test_a_stored_flat_config_record_reads_as_today_s_silently(recwarn) -> None:
     from toolgym.training.config import renamed_keys
 

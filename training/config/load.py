@@ -161,6 +161,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.steps=3)")
         value = _parse_value(raw.strip())
         key = _renamed_override(key.strip(), value)
+        if key == "policy.kind":
+            _switch_policy_kind(data, value)
         _set_dotted(data, key.split("."), value)
     if isinstance(data.get("env"), list):  # [[env]] tables: a mixture
         if "envs" in data:
@@ -171,6 +173,22 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         else:
             data["envs"] = tables
     return _build(RunConfig, data, "")
+
+
+def _switch_policy_kind(data: dict[str, Any], kind: Any) -> None:
+    """An override ``policy.kind=K`` switches the back-end: the ``[policy]`` settings given before it
+    (in the file or earlier overrides) that ``K`` does not take are left out, logged, so
+    ``policy.kind=tiny`` works on a config written for vLLM. Settings given after it are checked
+    against ``K`` as usual."""
+    table = data.get("policy")
+    if not isinstance(table, dict) or kind not in POLICY_KINDS or table.get("kind", "hf") == kind:
+        return
+    takes = {f.name for f in dataclasses.fields(POLICY_KINDS[kind])}
+    dropped = [k for k in table if k not in takes]
+    for key in dropped:
+        del table[key]
+    if dropped:
+        log.info("policy.kind=%s: the settings %s of the earlier kind are not used", kind, ", ".join(dropped))
 
 
 def shipped_configs() -> dict[str, Path]:

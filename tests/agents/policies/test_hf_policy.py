@@ -21,6 +21,7 @@ from toolgym.agents.policies.prefix_cache import PrefixCache
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Completion, SamplingParams, sampled_ids_hash
 from toolgym.errors import ConfigError, MissingDependencyError
+from toolgym.file_table import sha256_file
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 QUESTIONS = [
@@ -158,7 +159,7 @@ def test_missing_required_file_is_detected(small_cache):
 @pytest.mark.slow
 def test_cache_is_built_once_rebuilt_when_half_written_and_reused(tmp_path, caplog, policy):
     gguf = models.smollm2_gguf_path()
-    target = tmp_path / models.file_sha256(gguf)
+    target = tmp_path / sha256_file(gguf)
     target.mkdir()
     (target / "config.json").write_text("{", encoding="utf-8")  # what a crash mid-conversion leaves
     with caplog.at_level(logging.INFO, logger="toolgym.agents.policies.models"):
@@ -170,7 +171,7 @@ def test_cache_is_built_once_rebuilt_when_half_written_and_reused(tmp_path, capl
     assert config["model_type"] == "llama" and "quantization_config" not in config
     # The conversion is deterministic: byte-identical to the cache the policy fixture loaded.
     weights = built / "model.safetensors"
-    assert models.file_sha256(weights) == models.file_sha256(policy.model_dir / "model.safetensors")
+    assert sha256_file(weights) == sha256_file(policy.model_dir / "model.safetensors")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary dir left over
 
     caplog.clear()

@@ -345,6 +345,7 @@ def _in_this_process(monkeypatch) -> None:
 
 def _fake_heldout(monkeypatch, calls: list[str] | None = None) -> None:
     """``run_heldout`` for the tiny policy: the base model and each arm's 'export' are scripted."""
+    import toolgym.training.commands as commands
     import toolgym.training.heldout.run as heldout_run
 
     _in_this_process(monkeypatch)
@@ -385,11 +386,14 @@ def _fake_heldout(monkeypatch, calls: list[str] | None = None) -> None:
         return {"env_id": config.env.id, "split": hc.split, "n": hc.n, "seed": hc.seed, "tracks": rows}
 
     monkeypatch.setattr(heldout_run, "run_heldout", run_heldout)
+    monkeypatch.setattr(commands, "run_heldout", run_heldout)  # imported there by name
 
 
 def _export_step_zero(monkeypatch) -> None:
     """The tiny model writes no export; give its warm start one, so ``warm_start.reuse`` loads it."""
     import toolgym.training.export as export
+    import toolgym.training.trainer as trainer
+    import toolgym.training.warm_start_phase as warm_start_phase
 
     def export_checkpoint(run_dir, model, policy, *, step, keep=2):
         from safetensors.torch import save_file
@@ -401,7 +405,8 @@ def _export_step_zero(monkeypatch) -> None:
             save_file(weights, str(folder / "model.safetensors"))
         return None
 
-    monkeypatch.setattr(export, "export_checkpoint", export_checkpoint)
+    for module in (export, trainer, warm_start_phase):  # the two import it by name
+        monkeypatch.setattr(module, "export_checkpoint", export_checkpoint)
 
 
 SET = """
