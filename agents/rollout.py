@@ -184,114 +184,159 @@ async def run_episode(
     An :class:`~toolgym.errors.InfraError` (from the environment or the policy) ends the episode with
     status ``infra_error`` and no reward; any other exception propagates (see the module docstring).
     """
-    driver = _Driver(env)
-    sampling = sampling or SamplingParams()
-    env_id = env_id or (env.spec.id if env.spec is not None else type(driver.base).__name__)
-    t_start = time.perf_counter()
-    fmt: ChatFormat | None = getattr(policy, "chat_format", None)
-    calls = getattr(fmt, "call_format", HERMES.name)
-    if calls != HERMES.name:  # the environment writes its tool list and parses actions in the model's syntax
-        options = {"call_format": calls, **(options or {})}
-        to_format = getattr(harness, "for_call_format", None)  # and the scaffold's hints show that syntax
-        harness = harness if to_format is None else to_format(calls)
-    tape = _Tape(policy, sampling, max_total_tokens, fmt)
-    compactor = Compactor(harness.compaction, policy, sampling, max_total_tokens)
-    history: list[Message] = []
-    metrics: dict[str, float] = {}
-    task_id, allowed = "", ()
-    reward, error, stop_reason = 0.0, "", "max_turns"
-    status: Literal["ok", "truncated", "infra_error"] = "truncated"
+    episode = _Episode(env, policy, harness, sampling or SamplingParams(), max_total_tokens, env_id)
     try:
-        obs, info = await driver.reset(seed, options)
-        task_id, allowed = info["task_id"], tuple(info["allowed_tools"])
-        max_turns = driver.base.max_turns
-        start = harness.start(obs, max_turns=max_turns)
-        history.extend(start)
-        compactor.begin(start)
-        tape.append(policy.render(start), 0)
-        tape.segments[-1].messages = list(start)
-        for turn in range(1, max_turns + 1):
-            if compactor.due(tape.left):
-                compaction = await compactor.compact(tape, turn)
-                metrics.update(compaction.metrics)
-                if compaction.stop_reason:
-                    stop_reason = compaction.stop_reason
-                    break
-            budget = tape.left
-            if budget <= 0:
-                metrics["env/token_budget_exhausted"] = 1.0
-                stop_reason = "token_budget"
-                break
-            completion = await tape.sample(budget)
-            history.append({"role": "assistant", "content": completion.text})
-            action = completion.text
-            if fmt is not None and fmt.reasoning is not None:  # reasoning is trained, never parsed
-                action = fmt.split_reasoning(completion.text)[1]
-                tape.thinking += fmt.thinking_tokens(completion.token_ids, completion.text)
-            obs, reward, terminated, truncated, info = await driver.step(action)
-            compactor.stepped()
-            metrics.update(info.get("metrics", {}))
-            cut = completion.finish_reason == "length"
-            if cut:  # played as sampled (a cut call does not run); then nothing more is sampled
-                by_budget = budget < sampling.max_tokens
-                metrics["env/token_budget_exhausted" if by_budget else "env/turn_truncated"] = 1.0
-            if terminated or truncated:
-                status = "ok" if terminated else "truncated"
-                stop_reason = "answer" if terminated else "max_turns"
-                break
-            new_messages = harness.after_step(obs, turn=turn, max_turns=max_turns)
-            history.extend(new_messages)
-            if cut:  # the answer to the cut turn is recorded (replays match), never shown: nothing follows
-                stop_reason = "token_budget" if by_budget else "turn_truncated"
-                break
-            shown = policy.render(new_messages, continuation=True)
-            tape.append(shown, 0)
-            compactor.shown(
-                TurnRecord(turn, list(completion.token_ids), completion.text, new_messages), len(shown)
-            )
-            tape.segments[-1].messages += [history[-1 - len(new_messages)], *new_messages]
-            if fmt is not None and fmt.checks_history:
-                metrics["episode/rewrites"] = metrics.get("episode/rewrites", 0.0) + tape.check_rewrite(
-                    fmt, turn
-                )
+        await episode.play(seed, options)
     except InfraError as exc:
-        status, error, reward, stop_reason = "infra_error", f"{type(exc).__name__}: {exc}", 0.0, "infra_error"
-        metrics.update(exc.episode_metrics)
-        metrics["env/infra_error"] = 1.0
-        log.warning("episode %s of %s ended as infra_error: %s", task_id or "?", env_id, error)
-    segments = tape.close()
-    if stop_reason not in ("answer", "max_turns", "infra_error"):  # the rollout ended it, not the env
-        metrics = {**driver.episode_metrics(), **metrics}
-    if stop_reason.startswith("compaction"):
-        metrics[f"env/{stop_reason}"] = 1.0
-    sampled, total = sum(sum(s.loss_mask) for s in segments), sum(len(s.token_ids) for s in segments)
-    metrics.update({"tokens/sampled": float(sampled), "tokens/total": float(total)})
-    if fmt is not None and fmt.reasoning is not None:
-        metrics["tokens/thinking"] = float(tape.thinking)
-        if fmt.thinking_budget:
-            metrics["episode/thinking_cut"] = float(tape.thinking_cut)
-    metrics.update(compactor.episode_metrics(len(segments)))
-    return Trajectory.from_segments(
-        segments,
-        env_id=env_id,
-        task_id=task_id,
-        seed=seed,
-        harness=harness.name,
-        allowed_tools=allowed,
-        messages=tuple(history),
-        reward=float(reward) if status == "ok" else 0.0,
-        metrics=metrics,
-        status=status,
-        # nothing sampled (a failure before the first turn): the weights it would have sampled with
-        policy_version=min(tape.versions) if tape.versions else int(policy.policy_version),
-        timings={
-            "time/generate": tape.seconds,
-            "time/env": driver.seconds,
-            "time/total": time.perf_counter() - t_start,
-        },
-        error=error,
-        stop_reason=stop_reason,
-    )
+        episode.fail(exc)
+    return episode.trajectory(seed)
+
+
+class _Episode:
+    """One episode's state as :func:`run_episode` plays it: :meth:`play` (reset, then a turn at a time
+    until something ends it), :meth:`fail` (an infrastructure failure), :meth:`trajectory` (the
+    record)."""
+
+    def __init__(
+        self,
+        env: gymnasium.Env[Any, Any],
+        policy: Policy,
+        harness: Harness,
+        sampling: SamplingParams,
+        max_total_tokens: int,
+        env_id: str | None,
+    ) -> None:
+        self.t_start = time.perf_counter()
+        self.driver = _Driver(env)
+        self.env_id = env_id or (env.spec.id if env.spec is not None else type(self.driver.base).__name__)
+        self.policy, self.sampling = policy, sampling
+        # a policy without a chat format (a user's own) speaks hermes
+        self.fmt: ChatFormat | None = getattr(policy, "chat_format", None)
+        self.calls = self.fmt.call_format if self.fmt is not None else HERMES.name
+        if self.calls != HERMES.name:  # the scaffold's hints show the model's call syntax
+            to_format = getattr(harness, "for_call_format", None)  # a user's harness may not offer it
+            harness = harness if to_format is None else to_format(self.calls)
+        self.harness = harness
+        self.tape = _Tape(policy, sampling, max_total_tokens, self.fmt)
+        self.compactor = Compactor(harness.compaction, policy, sampling, max_total_tokens)
+        self.history: list[Message] = []
+        self.metrics: dict[str, float] = {}
+        self.task_id, self.allowed = "", ()
+        self.reward, self.error, self.stop_reason = 0.0, "", "max_turns"
+        self.status: Literal["ok", "truncated", "infra_error"] = "truncated"
+
+    async def play(self, seed: int | None, options: dict[str, Any] | None) -> None:
+        if self.calls != HERMES.name:  # the environment lists its tools and parses actions in that syntax
+            options = {"call_format": self.calls, **(options or {})}
+        obs, info = await self.driver.reset(seed, options)
+        self.task_id, self.allowed = info["task_id"], tuple(info["allowed_tools"])
+        max_turns = self.driver.base.max_turns
+        start = self.harness.start(obs, max_turns=max_turns)
+        self.history.extend(start)
+        self.compactor.begin(start)
+        self.tape.append(self.policy.render(start), 0)
+        self.tape.segments[-1].messages = list(start)
+        for turn in range(1, max_turns + 1):
+            if await self._turn(turn, max_turns):
+                return
+
+    async def _turn(self, turn: int, max_turns: int) -> bool:
+        """Sample a turn, step on it and show the answer; True when the episode ends here."""
+        tape, metrics = self.tape, self.metrics
+        if self.compactor.due(tape.left):
+            compaction = await self.compactor.compact(tape, turn)
+            metrics.update(compaction.metrics)
+            if compaction.stop_reason:
+                self.stop_reason = compaction.stop_reason
+                return True
+        budget = tape.left
+        if budget <= 0:
+            metrics["env/token_budget_exhausted"] = 1.0
+            self.stop_reason = "token_budget"
+            return True
+        completion = await tape.sample(budget)
+        self.history.append({"role": "assistant", "content": completion.text})
+        obs, self.reward, terminated, truncated, info = await self.driver.step(self._action(completion))
+        self.compactor.stepped()
+        metrics.update(info.get("metrics", {}))
+        cut = completion.finish_reason == "length"
+        by_budget = budget < self.sampling.max_tokens
+        if cut:  # played as sampled (a cut call does not run); then nothing more is sampled
+            metrics["env/token_budget_exhausted" if by_budget else "env/turn_truncated"] = 1.0
+        if terminated or truncated:
+            self.status = "ok" if terminated else "truncated"
+            self.stop_reason = "answer" if terminated else "max_turns"
+            return True
+        new_messages = self.harness.after_step(obs, turn=turn, max_turns=max_turns)
+        self.history.extend(new_messages)
+        if cut:  # the answer to the cut turn is recorded (replays match), never shown: nothing follows
+            self.stop_reason = "token_budget" if by_budget else "turn_truncated"
+            return True
+        self._show(turn, completion, new_messages)
+        return False
+
+    def _action(self, completion: Completion) -> str:
+        """What the environment steps on: the turn's text less its reasoning (trained, never parsed)."""
+        fmt = self.fmt
+        if fmt is None or fmt.reasoning is None:
+            return completion.text
+        self.tape.thinking += fmt.thinking_tokens(completion.token_ids, completion.text)
+        return fmt.split_reasoning(completion.text)[1]
+
+    def _show(self, turn: int, completion: Completion, new_messages: list[Message]) -> None:
+        """Append the environment's answer (mask 0) and check that the template renders it as appended."""
+        shown = self.policy.render(new_messages, continuation=True)
+        self.tape.append(shown, 0)
+        record = TurnRecord(turn, list(completion.token_ids), completion.text, new_messages)
+        self.compactor.shown(record, len(shown))
+        self.tape.segments[-1].messages += [self.history[-1 - len(new_messages)], *new_messages]
+        fmt = self.fmt
+        if fmt is not None and fmt.checks_history:
+            rewrites = self.metrics.get("episode/rewrites", 0.0) + self.tape.check_rewrite(fmt, turn)
+            self.metrics["episode/rewrites"] = rewrites
+
+    def fail(self, exc: InfraError) -> None:
+        self.status, self.reward, self.stop_reason = "infra_error", 0.0, "infra_error"
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.metrics.update(exc.episode_metrics)
+        self.metrics["env/infra_error"] = 1.0
+        log.warning("episode %s of %s ended as infra_error: %s", self.task_id or "?", self.env_id, self.error)
+
+    def trajectory(self, seed: int | None) -> Trajectory:
+        tape, metrics, fmt = self.tape, self.metrics, self.fmt
+        segments = tape.close()
+        if self.stop_reason not in ("answer", "max_turns", "infra_error"):  # the rollout ended it
+            metrics = {**self.driver.episode_metrics(), **metrics}
+        if self.stop_reason.startswith("compaction"):
+            metrics[f"env/{self.stop_reason}"] = 1.0
+        sampled, total = sum(sum(s.loss_mask) for s in segments), sum(len(s.token_ids) for s in segments)
+        metrics.update({"tokens/sampled": float(sampled), "tokens/total": float(total)})
+        if fmt is not None and fmt.reasoning is not None:
+            metrics["tokens/thinking"] = float(tape.thinking)
+            if fmt.thinking_budget:
+                metrics["episode/thinking_cut"] = float(tape.thinking_cut)
+        metrics.update(self.compactor.episode_metrics(len(segments)))
+        return Trajectory.from_segments(
+            segments,
+            env_id=self.env_id,
+            task_id=self.task_id,
+            seed=seed,
+            harness=self.harness.name,
+            allowed_tools=self.allowed,
+            messages=tuple(self.history),
+            reward=float(self.reward) if self.status == "ok" else 0.0,
+            metrics=metrics,
+            status=self.status,
+            # nothing sampled (a failure before the first turn): the weights it would have sampled with
+            policy_version=min(tape.versions) if tape.versions else int(self.policy.policy_version),
+            timings={
+                "time/generate": tape.seconds,
+                "time/env": self.driver.seconds,
+                "time/total": time.perf_counter() - self.t_start,
+            },
+            error=self.error,
+            stop_reason=self.stop_reason,
+        )
 
 
 @dataclass
