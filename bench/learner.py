@@ -21,7 +21,10 @@ step) in each mode, alternating, from the same weights and optimizer state each 
 ``full-unshared`` (a full forward and backward pass per sequence), ``full-group`` (each group's
 common prefix once), ``full-step`` (what the trainer does: the prompt all groups share once per
 step, each group's own prefix once on top of it) and ``lora-step`` (the same with LoRA adapters of
-``--lora-rank``, base weights frozen). ``full-step-2`` (not in the default list) is ``full-step`` shared by
+``--lora-rank``, base weights frozen). ``full-step-tokens`` (not in the default list) is ``full-step``
+with micro-batches by a token budget (``train.batching.micro_batch_tokens = --micro-batch-tokens``,
+by default the count's own bound: ``micro_batch`` x ``env.max_total_tokens``) instead of by count:
+longest sequences first, as many to a pass as fit. ``full-step-2`` (not in the default list) is ``full-step`` shared by
 two learner processes over gloo (``train.learners.count = 2``): each computes half the groups' gradient,
 the sums are all-reduced, both step the optimizer; the weights reach the second process before the
 timed step. ``fsdp2-step-2`` is ``full-step-2`` with the model split between the two processes
@@ -162,16 +165,24 @@ MODES = {  # lora, share_prefix, share_across_groups, learner processes
     "full-unshared": (False, False, False, 1),
     "full-group": (False, True, False, 1),
     "full-step": (False, True, True, 1),
+    "full-step-tokens": (False, True, True, 1),
     "lora-step": (True, True, True, 1),
     "full-step-2": (False, True, True, 2),
     "fsdp2-step-2": (False, True, True, 2),
 }
+BY_TOKENS = {"full-step-tokens"}  # micro-batches by --micro-batch-tokens, not by count
 SHARDED = {"fsdp2-step-2"}  # the learners split the model with FSDP2 (train.learners.shard = "fsdp2")
 DEFAULT_MODES = "full-unshared,full-group,full-step,lora-step"
 
 
 def timed_step(
-    trainer: Trainer, plan: StepPlan, *, share: bool, across: bool, learners: LearnerGroup | None = None
+    trainer: Trainer,
+    plan: StepPlan,
+    *,
+    share: bool,
+    across: bool,
+    learners: LearnerGroup | None = None,
+    budget: int = 0,
 ) -> tuple[float, PeakRSS, float, float]:
     """One learner step (gradient over the plan, clip, optimizer step): seconds, memory, loss, grad norm.
 
@@ -182,7 +193,8 @@ def timed_step(
     trainer.optimizer.zero_grad()
     settings = dict(
         loss=tc.loss,
-        micro_batch=tc.batching.micro_batch,
+        micro_batch=len(plan.samples) if budget else tc.batching.micro_batch,
+        micro_batch_tokens=budget,
         temperature=trainer.config.sampling.temperature,
         share_prefix=share,
     )
@@ -250,7 +262,10 @@ def run(trainers: dict[bool, Trainer], args: argparse.Namespace) -> None:
                     t0 = time.perf_counter()
                     learners.sync(trainer.model, trainer.optimizer, trainer.config)
                     print(f"round {r + 1} {mode}: weights to the learners {time.perf_counter() - t0:.1f} s")
-                results[mode].append(timed_step(trainer, plan, share=share, across=across, learners=learners))
+                budget = args.micro_batch_tokens if mode in BY_TOKENS else 0
+                results[mode].append(
+                    timed_step(trainer, plan, share=share, across=across, learners=learners, budget=budget)
+                )
                 print(f"round {r + 1} {mode}: {results[mode][-1][0]:.1f} s", flush=True)
     finally:
         for group in groups_of.values():
@@ -300,6 +315,13 @@ def main() -> None:
         help="the groups' JSONL: reused when it exists, written otherwise",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=0,
+        help="the full-step-tokens mode's train.batching.micro_batch_tokens (default: the config's "
+        "micro_batch times env.max_total_tokens, the memory bound micro-batches by count promise)",
+    )
     parser.add_argument("--sample", action="store_true", help="sample the groups with the policy")
     parser.add_argument(
         "--smoke",
@@ -330,6 +352,9 @@ def main() -> None:
             if any(MODES[m][0] for m in args.modes.split(",") if m in MODES):
                 lora = [f"train.lora.rank={args.lora_rank}"]
                 trainers[True] = Trainer(load_config(args.config, [*overrides, *smoke, *lora]), lora_dir)
+            if not args.micro_batch_tokens:
+                config = trainers[False].config
+                args.micro_batch_tokens = config.train.batching.micro_batch * config.env.max_total_tokens
             run(trainers, args)
         finally:
             for trainer in trainers.values():

@@ -437,6 +437,7 @@ class Trainer:
                 step=self.step + 1,
                 loss=tc.loss,
                 micro_batch=tc.batching.micro_batch,
+                micro_batch_tokens=tc.batching.micro_batch_tokens,
                 temperature=self.config.sampling.temperature,
                 share_prefix=tc.batching.share_prefix,
                 reference=self.reference,

@@ -157,3 +157,15 @@ def test_a_stored_flat_config_record_reads_as_today_s_silently(recwarn) -> None:
         "policy": {"kind": "tiny", "layers": 1},
     }
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+
+
+def test_a_micro_batch_token_budget_smaller_than_one_sequence_is_refused(tmp_path: Path) -> None:
+    config = write(tmp_path, "[env]\nmax_total_tokens = 1024\n")
+    with pytest.raises(ConfigError, match=r"micro_batch_tokens \(512\) is smaller than one sequence.*1024"):
+        load_config(config, ["train.batching.micro_batch_tokens=512"])
+    assert (
+        load_config(config, ["train.batching.micro_batch_tokens=4096"]).train.batching.micro_batch_tokens
+        == 4096
+    )
+    with pytest.raises(ConfigError, match=">= 0"):
+        load_config(config, ["train.batching.micro_batch_tokens=-1"])

@@ -55,7 +55,14 @@ class RunConfig:
             object.__setattr__(self, "env", self.envs[0])
         else:
             object.__setattr__(self, "envs", (self.env,))
+        budget = self.train.batching.micro_batch_tokens
         for env in self.envs:
+            if 0 < budget < env.max_total_tokens:
+                raise ConfigError(
+                    f"train.batching.micro_batch_tokens ({budget}) is smaller than one sequence of env "
+                    f"{env.name!r} can be (max_total_tokens = {env.max_total_tokens}): raise it to at least "
+                    f"{env.max_total_tokens}, or set 0 to batch by train.batching.micro_batch alone"
+                )
             if (
                 isinstance(self.policy, VLLMPolicyConfig | VLLMServerPolicyConfig)
                 and env.max_total_tokens > self.policy.max_model_len

@@ -202,6 +202,12 @@ class BatchingConfig:
 
     Attributes:
         micro_batch: sequences per forward/backward pass in the learner.
+        micro_batch_tokens: a token budget per forward/backward pass as well (0 = the count alone):
+            the unit's sequences go longest first, and a micro-batch closes before its padded tokens
+            (rows times the longest row, counted after the shared prefix) would pass this, so short
+            sequences travel many to a pass and long ones few, with less padding. The loss and the
+            gradient are the same up to float rounding (every token is weighed for the whole step).
+            At least every environment's ``max_total_tokens``, so that any one sequence fits.
         share_prefix: compute the prompt every group of the step starts with once, each group's
             common prefix once on top of it, and score only each sample's suffix against them (same
             logprobs and gradient up to float rounding, several times less compute); ``false`` runs
@@ -209,10 +215,12 @@ class BatchingConfig:
     """
 
     micro_batch: int = 4
+    micro_batch_tokens: int = 0
     share_prefix: bool = True
 
     def __post_init__(self) -> None:
         _at_least(self, "train.batching", 1, "micro_batch")
+        _at_least(self, "train.batching", 0, "micro_batch_tokens")
 
 
 @dataclass(frozen=True)

@@ -48,11 +48,36 @@ class Sample:
     index: int = 0
 
 
-def micro_batches(samples: Sequence[Sample], size: int) -> list[tuple[Sample, ...]]:
-    """Consecutive chunks of at most ``size`` samples (the learner's memory bound per forward pass)."""
+def micro_batches(
+    samples: Sequence[Sample], size: int, *, max_tokens: int = 0, shared: int = 0
+) -> list[tuple[Sample, ...]]:
+    """The learner's memory bound per forward pass: chunks of at most ``size`` samples.
+
+    Without ``max_tokens``, consecutive chunks in order. With it, the samples go longest first (ties
+    in order) and a chunk also closes before its padded cost, rows times its longest row's tokens
+    after the first ``shared - 1`` (what a shared-prefix scorer runs: its suffixes start at the last
+    shared token), would pass ``max_tokens``; a sample that alone costs more goes alone. The loss
+    weighs every token for the whole step, so the chunking changes sums only by float rounding.
+    """
     if size < 1:
         raise ValueError(f"micro-batch size must be >= 1, got {size}")
-    return [tuple(samples[i : i + size]) for i in range(0, len(samples), size)]
+    if max_tokens <= 0:
+        return [tuple(samples[i : i + size]) for i in range(0, len(samples), size)]
+    skip = max(shared - 1, 0)
+    order = sorted(samples, key=lambda s: -len(s.trajectory.token_ids))
+    chunks: list[tuple[Sample, ...]] = []
+    chunk: list[Sample] = []
+    for sample in order:
+        width = max(len(sample.trajectory.token_ids) - skip, 1)
+        if chunk:
+            longest = max(len(chunk[0].trajectory.token_ids) - skip, 1)  # longest first: the first
+            if len(chunk) == size or (len(chunk) + 1) * max(longest, width) > max_tokens:
+                chunks.append(tuple(chunk))
+                chunk = []
+        chunk.append(sample)
+    if chunk:
+        chunks.append(tuple(chunk))
+    return chunks
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:

@@ -131,6 +131,7 @@ def accumulate_gradients(
     *,
     micro_batch: int,
     temperature: float,
+    micro_batch_tokens: int = 0,
     share_prefix: bool = True,
     reference: torch.nn.Module | None = None,
     share_across_groups: bool = True,
@@ -179,7 +180,7 @@ def accumulate_gradients(
             ref = SequenceScorer(
                 reference, seqs, grad=False, temperature=temperature, share_prefix=share_prefix, masks=masks
             )
-        for chunk in micro_batches(unit, micro_batch):
+        for chunk in micro_batches(unit, micro_batch, max_tokens=micro_batch_tokens, shared=scorer.shared):
             batch = pack_batch(chunk, device=scorer.device)
             read = [s.trajectory.loss_mask for s in chunk]
             logp, entropy = scorer.scores(batch.sequences, read)

@@ -228,6 +228,21 @@ def test_micro_batches_and_common_prefix_length() -> None:
     assert common_prefix_length([[1, 2, 3]]) == 3 and common_prefix_length([]) == 0
 
 
+def test_micro_batches_by_a_token_budget_go_longest_first_and_stay_under_it() -> None:
+    lengths = [3, 9, 5, 9, 2, 4]
+    samples = [Sample(_scored(0.0, n=n), float(i)) for i, n in enumerate(lengths)]
+    chunks = micro_batches(samples, 3, max_tokens=18)
+    # longest first (ties in order); a chunk closes before rows x longest row would pass 18
+    assert [[s.advantage for s in c] for c in chunks] == [[1.0, 3.0], [2.0, 5.0, 0.0], [4.0]]
+    assert all(len(c) * len(c[0].trajectory.token_ids) <= 18 for c in chunks)
+    # after a 5-token shared prefix only the suffix counts (from the last shared token): 5, 5, 1, ...
+    assert [len(c) for c in micro_batches(samples, 6, max_tokens=10, shared=5)] == [2, 4]
+    # a sample over the budget goes alone; the count still caps a chunk; 0 = the count alone
+    assert [len(c) for c in micro_batches(samples, 6, max_tokens=8)] == [1, 1, 1, 2, 1]
+    assert [len(c) for c in micro_batches(samples, 2, max_tokens=1000)] == [2, 2, 2]
+    assert micro_batches(samples, 4, max_tokens=0) == micro_batches(samples, 4)
+
+
 def test_pack_batch_exact_tensors() -> None:
     short = replace(trajectory((7, 8, 9), (0, 1, 1)), logprobs=(0.0, -0.25, -0.5))
     long = replace(trajectory((7, 8, 1, 2, 3), (0, 0, 1, 0, 1)), logprobs=(0.0, 0.0, -1.0, 0.0, -2.0))

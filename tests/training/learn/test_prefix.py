@@ -297,3 +297,37 @@ def test_shared_prefix_matches_full_passes_on_smollm2() -> None:
     # the gradient's own size.
     largest = max(float(g.abs().max()) for g in full[2].values())
     assert _max_diff(shared[2], full[2]) < 1e-4 * largest
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_a_token_budget_per_micro_batch_gives_the_count_s_loss_and_gradient(tiny, share) -> None:
+    """Micro-batches by a token budget (longest first, several short ones to a pass) change only the
+    order of float sums: the loss terms and the gradient equal those of micro-batches by count."""
+    from toolgym.training.learn.grpo import StepPlan, accumulate_gradients
+    from toolgym.training.learn.loss import LossConfig
+
+    groups = tuple(
+        tuple(replace(s, group=g, index=i) for i, s in enumerate(_group(258, 30, lens, seed=40 + g)))
+        for g, lens in enumerate([(3, 40, 7, 22), (15, 2, 31, 9)])
+    )
+    plan = StepPlan(advantages=tuple((0.0,) * 4 for _ in groups), groups=groups, zero_variance=0)
+    results = []
+    for budget in (0, 80):
+        tiny.zero_grad(set_to_none=True)
+        sums = accumulate_gradients(
+            tiny,
+            plan,
+            LossConfig(),
+            micro_batch=2,
+            micro_batch_tokens=budget,
+            temperature=0.9,
+            share_prefix=share,
+        )
+        grads = {n: p.grad.detach().clone() for n, p in tiny.named_parameters() if p.grad is not None}
+        results.append((sums, grads))
+    (count, g_count), (budget, g_budget) = results
+    assert budget.pg == pytest.approx(count.pg, abs=TOL) and budget.entropy == pytest.approx(
+        count.entropy, abs=TOL
+    )
+    assert budget.mismatch_kl == pytest.approx(count.mismatch_kl, abs=TOL)
+    assert _max_diff(g_count, g_budget) < TOL and max(float(g.abs().max()) for g in g_count.values()) > 1e-4
