@@ -11,11 +11,11 @@
 * :mod:`~toolgym.training.heldout` — the held-out evaluation: its table, the run at the end of
   training, and the curve during it.
 * :mod:`~toolgym.training.experiments` — runs compared: experiment arms, their paired results and
-  reports, the run report and its statistics.
+  reports, studies kept as result files, the run report and its statistics.
 
 At the top: :mod:`~toolgym.training.trainer` (the loop), :mod:`~toolgym.training.commands`
 (``toolgym train``/``report``), the config (:mod:`~toolgym.training.config`: the TOML file's tables as frozen dataclasses), the trained
 policy (:mod:`~toolgym.training.policy_handle`), checkpoints, exports, the weight sync, the warm start,
-the step log and progress. Dependencies run one way: experiments -> the top -> sampling, distributed,
+the step log and progress, and the run's result file (:mod:`~toolgym.training.run_result`). Dependencies run one way: experiments -> the top -> sampling, distributed,
 heldout -> distributed -> learn -> config (``tests/test_layout.py`` holds the rule).
 """

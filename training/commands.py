@@ -2,12 +2,14 @@
 
 :func:`train_command` loads the config, opens the run's experiment trackers (``train.loggers``,
 :mod:`toolgym.records.trackers`), resumes from the run directory's checkpoint if it has one, trains, and runs
-the held-out evaluation (``[heldout]``); the trackers receive every step and the held-out table.
+the held-out evaluation (``[heldout]``); the trackers receive every step and the held-out table. It ends
+by writing ``RUN/result.json`` (:mod:`toolgym.training.run_result`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from toolgym.training.distributed.learners import exit_worker, torchrun_rank, wo
 from toolgym.training.heldout.run import can_share_engine, run_heldout
 from toolgym.training.heldout.table import heldout_table
 from toolgym.training.progress import RunProgress
+from toolgym.training.run_result import write_run_result
 from toolgym.training.trainer import Trainer
 
 __all__ = ["exit_cleanly_on_sigterm", "heldout_metrics", "train_command"]
@@ -30,6 +33,7 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
     processes (:func:`toolgym.training.distributed.learners.worker_main`) until rank 0 is done, and then end
     the process (:func:`toolgym.training.distributed.learners.exit_worker`): they never return.
     """
+    started = time.monotonic()
     config = load_config(config_path, overrides)
 
     ranked = torchrun_rank()
@@ -71,6 +75,8 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
             served = None  # the evaluation closed it
             print(heldout_table(summary))
             _track_heldout(trackers, step, summary)
+        result = write_run_result(out_dir, wall_s=time.monotonic() - started)
+        progress.line(f"result (kilobytes, no weights; keep it to compare on any machine): {result}")
     finally:
         if served is not None:
             served.close()

@@ -198,7 +198,13 @@ def write_record(
 
 def clear_run_dir(out: Path) -> None:
     """Remove what an evaluation wrote in ``out`` (only those files: ``out`` may hold other things)."""
-    for path in [out / RECORD, out / "summary.json", out / "elapsed_s.txt", *_trajectory_files(out)]:
+    for path in [
+        out / RECORD,
+        out / "summary.json",
+        out / "elapsed_s.txt",
+        out / "result.json",
+        *_trajectory_files(out),
+    ]:
         path.unlink(missing_ok=True)
 
 

@@ -38,6 +38,7 @@ from toolgym.training.distributed.ray_cluster import user_sys_path
 from toolgym.training.experiments.arms import PLAN, ArmsPlan, command_line, plan_arms
 from toolgym.training.experiments.arms_ray import run_arms_on_ray
 from toolgym.training.experiments.arms_results import write_arms_results
+from toolgym.training.experiments.study import write_study
 
 __all__ = ["ARM_RECORD", "arms_command", "run_arms", "train_arm_process"]
 
@@ -247,6 +248,10 @@ def arms_command(
     table = write_arms_results(out_dir)
     if table:
         say(table)
+        rows = [{"name": n, "result": f"{n}/result.json", "evaluation": "trained"} for n in plan.names]
+        heldout = json.loads((Path(out_dir) / "arms.json").read_text(encoding="utf-8"))["results"]["heldout"]
+        write_study(out_dir, rows, baseline, plan.spec.description, heldout)
+        line(f"arms: {out_dir}/study.json names the arms' result files: toolgym results table {out_dir}")
     else:
         line("arms: no held-out evaluation (heldout.n = 0): learning curves only (toolgym report DIR)")
     return Path(out_dir)

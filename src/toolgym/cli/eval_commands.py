@@ -201,7 +201,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"paired reward difference {name} - {base}: {diff:+.3f} (95% bootstrap CI [{low:+.3f}, {high:+.3f}], n={len(report.task_ids)} tasks)"
         )
     if args.out is not None:
+        from toolgym.agents.eval.results import write_evaluation_result
+
+        result = write_evaluation_result(args.out)
         print(f"eval.json and trajectories written to {args.out}; compare: toolgym compare RUN_A {args.out}")
+        print(f"result file (kilobytes; compares on any machine): {result}")
     if loggers:
         track_eval(loggers, args.out, report)
     if baseline is not None:
@@ -248,9 +252,10 @@ def track_eval(loggers: Sequence[str], out: Path, report: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from toolgym.agents.eval.runs import compare_runs, load_eval_run
+    from toolgym.agents.eval.results import load_evaluation
+    from toolgym.agents.eval.runs import compare_runs
 
-    comparison = compare_runs(load_eval_run(args.run_a), load_eval_run(args.run_b), allow=args.allow)
+    comparison = compare_runs(load_evaluation(args.run_a), load_evaluation(args.run_b), allow=args.allow)
     if args.json:
         print(comparison.to_json())
     else:

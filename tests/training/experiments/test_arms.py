@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from toolgym.training.experiments.arms_results import (
     markdown_table,
 )
 from toolgym.training.experiments.arms_run import arms_command
+from toolgym.training.experiments.study import study_table
 
 TINY = tiny_overrides(steps=2, tasks_per_step=1, group_size=2)
 TOY = "toy_env:toolgym-test/Letters-v0"
@@ -473,6 +475,24 @@ def test_a_tiny_set_trains_every_arm_and_pairs_them_with_the_baseline(
     assert table in printed
     assert "| base | 0.000 | -0.500 [-0.500, -0.500] | 0.001 |" in table
     assert r"\multicolumn{3}{c}{scaffold}" in (out / "arms.tex").read_text()
+    # the arms' result files alone, on another machine, give the same table
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    shutil.copy(out / "study.json", kept / "study.json")
+    for arm in ("slow", "fast", "base"):
+        (kept / arm).mkdir()
+        shutil.copy(out / arm / "result.json", kept / arm / "result.json")
+        result = json.loads((kept / arm / "result.json").read_text())
+        assert result["what"] == "run" and [s["step"] for s in result["steps"]] == [1.0, 2.0]
+        assert result["config"]["train"]["steps"] == 2 and result["wall_s"] > 0
+        assert set(result["evaluations"]) == {"base", "trained"} and result["versions"]["toolgym"]
+        assert (kept / arm / "result.json").stat().st_size < 64_000, "kilobytes, never weights"
+        assert str(tmp_path) not in (kept / arm / "result.json").read_text(), "no path of this machine"
+    assert study_table(kept) == table
+    assert main(["results", "table", str(kept)]) == 0 and table in capsys.readouterr().out
+    (kept / "fast" / "result.json").unlink()
+    with pytest.raises(ConfigError, match=r"the result of 1 of 3 rows is missing: fast \(fast/result.json\)"):
+        study_table(kept)
     # toolgym report on the set: every arm's curve on one plot, the table, each arm's own report
     assert main(["report", str(out)]) == 0
     page = (out / "report.html").read_text()
