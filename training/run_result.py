@@ -10,7 +10,8 @@ is a :mod:`toolgym.agents.eval.results` file (``what: "run"``) whose evaluations
 * ``steps``: every step's ``metrics.jsonl`` row (rewards, tool calls, losses, timings, curriculum);
 * ``curve``: the held-out curve's points (``heldout_curve.jsonl``);
 * ``versions``: toolgym's version and commit and the libraries', from the run manifest;
-* ``wall_s``: the wall time of the ``toolgym train`` invocations that made it, summed over resumes.
+* ``wall_s``: the wall time of the ``toolgym train`` invocation that wrote it, plus the ``wall_s`` of
+  the result an earlier invocation wrote (an interrupted attempt that wrote none is not counted).
 
 Kilobytes for a run whose directory is gigabytes, with the machine's paths written portably
 (:func:`toolgym.agents.eval.results.write_result`), so it can be kept in a repository and read anywhere.
@@ -82,14 +83,16 @@ def run_result(run_dir: str | Path, *, wall_s: float | None = None) -> dict[str,
 
 
 def write_run_result(run_dir: str | Path, *, wall_s: float | None = None) -> Path:
-    """Write ``RUN/result.json``; ``wall_s`` is added to the wall time an earlier result recorded."""
+    """Write ``RUN/result.json``; ``wall_s`` (None: none measured, as ``toolgym results write``) is added
+    to the wall time an earlier result recorded."""
     run = Path(run_dir)
     path = run / RESULT_FILE
-    if wall_s is not None and path.is_file():
+    earlier = None
+    if path.is_file():
         try:
             earlier = read_result(path).get("wall_s")
         except ConfigError:
             earlier = None
-        if isinstance(earlier, int | float):
-            wall_s += float(earlier)
+    if isinstance(earlier, int | float):
+        wall_s = float(earlier) + (wall_s or 0.0)
     return write_result(path, run_result(run, wall_s=None if wall_s is None else round(wall_s, 1)))

@@ -16,7 +16,7 @@ study with a row's result missing (never a partial table), results of other task
 environment state, and result files whose episodes no longer give their own summary.
 
 A document (``training/RESULTS.md``) holds built tables between the lines ``<!-- study: NAME -->``
-and ``<!-- /study -->``; :func:`build_document` rebuilds each from ``results/NAME`` beside the
+and ``<!-- /study -->`` (each a line of its own); :func:`build_document` rebuilds each from ``results/NAME`` beside the
 document, so a table there is the files' table and nothing else (``toolgym results build``; a test
 rebuilds the shipped document and compares).
 """
@@ -39,7 +39,9 @@ __all__ = ["STUDY_FILE", "build_document", "load_study", "study_table", "write_s
 
 STUDY_FILE = "study.json"
 FORMAT = 1
-_BLOCK = re.compile(r"(<!-- study: ([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /study -->)", re.DOTALL)
+_BLOCK = re.compile(
+    r"(^<!-- study: ([A-Za-z0-9_.-]+) -->\n)(.*?)(^<!-- /study -->)", re.DOTALL | re.MULTILINE
+)
 
 
 def write_study(
