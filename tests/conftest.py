@@ -1,10 +1,86 @@
-"""Fixtures shared by tests in several folders."""
+"""Fixtures shared by tests in several folders, and the ``slow`` marker's rules.
+
+``python -m pytest -q`` runs on two xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml; ``-n 0``
+for one process); ``python -m pytest -q -m "not slow"`` is the contributor's loop: every module's unit
+tests, in minutes.
+A test is ``slow`` when it is marked so, or when it needs a heavy part: a marker of
+:data:`HEAVY_MARKERS` implies ``slow``. ``tests/test_layout.py`` keeps tests that build a model, an
+engine, a sandbox or a training run marked; at the end of a run, tests that took longer than
+:data:`SLOW_S` without the marker are listed (mark them, or make them cheaper).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
+
+#: markers that say a test needs a heavy part; each implies ``slow``
+HEAVY_MARKERS = ("docker", "model", "pyserini", "gpu", "faults", "stops_docker")
+#: seconds (setup and call) past which an unmarked test is listed at the end of the run
+SLOW_S = 3.0
+_UNMARKED: dict[str, float] = {}
+
+
+#: test files whose tests start local Ray clusters: one worker runs them all, one after another (a
+#: cluster started with ``ray start`` is found by every ``ray.init`` on the machine)
+RAY_FILES = (
+    "tests/training/distributed/test_learners.py",
+    "tests/training/distributed/test_learner_placement.py",
+    "tests/training/experiments/test_arms.py",
+    "tests/training/sampling/test_ray_backend.py",
+)
+
+
+def _lane(item: pytest.Item) -> str:
+    """The xdist group of a test: a worker runs a group's tests in order, one group at a time.
+
+    Every Docker test shares one lane (the engine-restart test, last in it, must not pull Docker from
+    under another test), Ray's tests another; every other test runs with its module, so a module's
+    fixtures (an engine, a sandbox, an index) are made once.
+    """
+    if item.get_closest_marker("docker") or item.get_closest_marker("stops_docker"):
+        return "docker"
+    path = item.nodeid.split("::", 1)[0]
+    return "ray" if path in RAY_FILES else path
+
+
+#: the longest lanes (measured: bench/README.md, "The test suite"), handed out first so that no worker
+#: starts a long lane when the other is nearly done; every other lane follows in collection order
+LONG_LANES = (
+    "ray",
+    "tests/test_scripts.py",
+    "tests/training/heldout/test_heldout.py",
+    "docker",
+    "tests/training/test_vllm_training.py",
+    "tests/agents/policies/test_vllm_server.py",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if not item.get_closest_marker("slow") and any(item.get_closest_marker(m) for m in HEAVY_MARKERS):
+            item.add_marker(pytest.mark.slow)
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_lane(item)))
+        first = {lane: i for i, lane in enumerate(LONG_LANES)}
+        items.sort(key=lambda item: first.get(_lane(item), len(first)))  # stable: a lane keeps its order
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when in ("setup", "call") and "slow" not in report.keywords:
+        nodeid = report.nodeid.split("@", 1)[0]  # without xdist's group suffix
+        _UNMARKED[nodeid] = _UNMARKED.get(nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    over = sorted(((s, n) for n, s in _UNMARKED.items() if s > SLOW_S), reverse=True)
+    if over:
+        terminalreporter.section(f"tests over {SLOW_S:g} s without the slow marker")
+        for seconds, nodeid in over:
+            terminalreporter.line(f"{seconds:7.1f}s {nodeid}")
 
 
 def _running_children() -> set[int]:

@@ -220,6 +220,7 @@ def test_a_chat_format_for_eval_is_checked_before_anything_loads(policy, fmt, me
         assert "Did you mean 'llama3'" in out.stderr
 
 
+@pytest.mark.slow
 def test_eval_renders_with_the_chat_format_given_and_records_it(tmp_path):
     out = toolgym(
         "eval", "--env", "toolgym/SearchQA-v0", "--policy", "smollm2", "--chat-format", "hermes",

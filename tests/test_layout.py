@@ -265,3 +265,88 @@ def test_dependency_checker_catches_a_violation(tmp_path):
     assert (
         _module_file("toolgym.training.trainer") is not None and _module_file("toolgym.training.grpo") is None
     )
+
+
+# ----------------------------------------------------------------------------- markers of the tests
+def _marks(decorators: list[ast.expr]) -> set[str]:
+    """The ``pytest.mark.NAME`` names among ``decorators`` (a module's ``pytestmark`` too)."""
+    return {
+        sub.attr
+        for node in decorators
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Attribute)
+        and isinstance(sub.value, ast.Attribute)
+        and sub.value.attr == "mark"
+    }
+
+
+def _calls(node: ast.AST) -> set[str]:
+    return {
+        n.func.id if isinstance(n.func, ast.Name) else n.func.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name | ast.Attribute)
+    }
+
+
+def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def _uses(function: ast.AST, local: dict[str, ast.AST], needle: str, seen: set[str]) -> bool:
+    """Whether ``function`` calls ``needle``, itself or through a fixture or helper it names."""
+    if needle in _calls(function):
+        return True
+    names = _calls(function)
+    if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        names |= {a.arg for a in function.args.args}
+    return any(
+        name in local and name not in seen and _uses(local[name], local, needle, seen | {name})
+        for name in names
+    )
+
+
+def test_every_test_that_uses_docker_carries_the_docker_marker():
+    """A Docker test runs in the Docker lane of the suite's workers (tests/conftest.py), where the test
+    that stops the engine runs last: one without the marker could meet the engine stopped. Any test
+    reaching ``need_docker()`` (its fixtures, the conftest's fixtures, its helpers) is marked."""
+    unmarked = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        local: dict[str, ast.AST] = {}
+        for conftest in [*reversed(path.parents), path]:
+            if conftest == path or (conftest / "conftest.py").is_file():
+                source = path if conftest == path else conftest / "conftest.py"
+                if ROOT / "tests" in source.parents or source == path:
+                    local.update(_functions(ast.parse(source.read_text(encoding="utf-8"))))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module = next(
+            (
+                _marks([n.value])
+                for n in tree.body
+                if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+            ),
+            set(),
+        )
+        for name, function in _functions(tree).items():
+            if not name.startswith("test") or {"docker", "stops_docker"} & (
+                module | _marks(function.decorator_list)
+            ):
+                continue
+            if _uses(function, {k: v for k, v in local.items() if k != name}, "need_docker", {name}):
+                unmarked.append(f"{path.relative_to(ROOT)}::{name}")
+    assert not unmarked, "mark these @pytest.mark.docker:\n" + "\n".join(unmarked)
+
+
+def test_the_docker_marker_check_follows_fixtures_and_helpers():
+    tree = ast.parse(
+        "@pytest.fixture\ndef box():\n    need_docker()\n    return 1\n"
+        "def helper():\n    return box_maker()\n"
+        "def box_maker():\n    need_docker()\n"
+        "def test_fixture(box):\n    pass\n"
+        "def test_helper():\n    helper()\n"
+        "def test_neither(tmp_path):\n    pass\n"
+        "@pytest.mark.docker\ndef test_marked(box):\n    pass\n"
+    )
+    local = _functions(tree)
+    used = {name for name in local if _uses(local[name], local, "need_docker", {name})}
+    assert used >= {"test_fixture", "test_helper", "test_marked"} and "test_neither" not in used
+    assert _marks(local["test_marked"].decorator_list) == {"docker"}

@@ -335,6 +335,7 @@ def test_an_idle_websocket_is_closed_and_its_session_released() -> None:
             assert ask(ws, {"type": "reset", "data": {"seed": 0}})["type"] == "observation"
 
 
+@pytest.mark.slow
 def test_a_websocket_in_use_outlives_the_connection_idle_timeout() -> None:
     # Before: the connection idle timer kept running after the upgrade and cut every WebSocket
     # idle_timeout seconds (15 by default) after it opened, however busy it was.

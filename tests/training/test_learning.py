@@ -46,11 +46,13 @@ def learned(curve: list[float]) -> bool:
     return curve[0] < 0.2 and sum(curve[-3:]) / 3 > 0.8
 
 
+@pytest.mark.slow
 async def test_grpo_raises_the_reward_from_below_02_to_above_08(tmp_path: Path) -> None:
     curve = await rewards(tmp_path)
     assert learned(curve), [round(r, 3) for r in curve]
 
 
+@pytest.mark.slow
 async def test_the_learning_check_fails_when_the_advantages_are_flipped(tmp_path: Path, monkeypatch) -> None:
     real = grpo.group_advantages
     monkeypatch.setattr(grpo, "group_advantages", lambda r, **kw: [-a for a in real(r, **kw)])
@@ -58,6 +60,7 @@ async def test_the_learning_check_fails_when_the_advantages_are_flipped(tmp_path
     assert not learned(curve) and max(curve) < 0.2, [round(r, 3) for r in curve]
 
 
+@pytest.mark.slow
 async def test_the_learning_check_fails_at_lr_zero(tmp_path: Path) -> None:
     trainer = Trainer(load_config(None, [*LEARN, "train.optim.lr=0"]), tmp_path)
     before = [p.detach().clone() for p in trainer.model.parameters()]
@@ -73,6 +76,7 @@ async def test_the_learning_check_fails_at_lr_zero(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "variant", ["train.loss.agg=seq_mean", "train.loss.ratio=sequence", "train.loss.tis_cap=2"]
 )
+@pytest.mark.slow
 async def test_the_loss_variants_learn_too(tmp_path: Path, variant: str) -> None:
     curve = await rewards(tmp_path, variant, "train.loss.clip_low=0.2", "train.loss.clip_high=0.28")
     assert learned(curve), (variant, [round(r, 3) for r in curve])

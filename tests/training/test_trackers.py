@@ -122,6 +122,7 @@ def test_a_failing_tracker_is_dropped_and_the_others_go_on(caplog: pytest.LogCap
     assert good.closed == 1 and not trackers
 
 
+@pytest.mark.slow
 def test_training_logs_every_step_to_tensorboard_and_wandb_and_resumes_them(tmp_path: Path) -> None:
     run = tmp_path / "run"
     train_command(None, [*TINY, "train.steps=2", 'train.loggers=["tensorboard", "wandb"]'], run)

@@ -44,6 +44,7 @@ def acquire_ray(num_cpus: float) -> ModuleType:
             ray.init(include_dashboard=False)
         else:
             ray.init(
+                address="local",  # a new instance, even beside a cluster another `ray start` left running
                 num_cpus=max(1, round(num_cpus)),
                 include_dashboard=False,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,

@@ -79,6 +79,7 @@ def reasoning(policy) -> str:
     return f"{r.open}\n{THOUGHT} {decoy}\n{r.close}\n\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(EXPECTED))
 async def test_each_architecture_gets_its_format_and_an_episode_round_trips_token_exactly(kind, model_dirs):
     policy = ForcedPolicy(model_dirs(kind))

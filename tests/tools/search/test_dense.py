@@ -54,6 +54,7 @@ def test_shipped_encoder_is_upstream_all_minilm_l6_v2():
     assert np.abs(vectors @ vectors.T - published).max() < 6e-5
 
 
+@pytest.mark.slow
 def test_shipped_encoder_finds_gold_paragraphs(tmp_path):
     """Real retrieval: XQuAD questions against their 240 paragraphs (+ 60 distractors)."""
     from toolgym.envs.search_qa import default_questions

@@ -579,6 +579,7 @@ def test_an_arm_trained_against_another_environment_state_is_refused(tmp_path: P
     assert json.loads((out / "b" / "arm.json").read_text())["status"] == "running"
 
 
+@pytest.mark.slow
 def test_a_set_without_a_held_out_evaluation_gives_curves_only(tmp_path: Path, capfd) -> None:
     """Each arm in a process of its own (the default): its output passes through."""
     out = tmp_path / "set"
@@ -683,6 +684,7 @@ def test_an_arm_killed_outright_has_its_policys_processes_stopped(tmp_path: Path
         engine.kill()
 
 
+@pytest.mark.slow
 def test_an_interrupted_arm_process_is_stopped_not_left_running() -> None:
     import signal
     import subprocess

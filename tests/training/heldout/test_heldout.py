@@ -8,6 +8,7 @@ logprobs within 1e-4.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -65,6 +66,20 @@ async def _fresh_engine_episodes(spec: str, config, out_dir):
     return _episodes(out_dir)
 
 
+@pytest.fixture(scope="module")
+def fresh_trained(tmp_path_factory):
+    """The held-out episodes of the perturbed export (step 2, final norm x1.3) on an engine started on
+    it: the reference both shared-engine tests must match, computed once for the module (an engine
+    start and an export cost most of a minute on 2 cores)."""
+    from toolgym.training.config import load_config
+
+    run = tmp_path_factory.mktemp("fresh-trained") / "run"
+    run.mkdir()
+    _export_perturbed_smollm2(run)
+    config = load_config("demo", [])
+    return asyncio.run(_fresh_engine_episodes(f"vllm:run:{run}", config, run.parent / "fresh"))
+
+
 def _same_episodes(shared, fresh) -> None:
     assert set(fresh) == set(shared)
     for task_id, t in shared.items():
@@ -73,7 +88,9 @@ def _same_episodes(shared, fresh) -> None:
         assert worst < 1e-4, f"{task_id}: logprobs differ by {worst:.2e}"
 
 
-async def test_the_training_engine_serves_base_and_trained_as_fresh_engines_would(tmp_path) -> None:
+async def test_the_training_engine_serves_base_and_trained_as_fresh_engines_would(
+    tmp_path, fresh_trained
+) -> None:
     """The held-out evaluation takes over the training run's engine (still serving the trained weights):
     the base arm, after the base weights are loaded back in place, and the trained arm give exactly
     what engines started on each checkpoint give; the engine is closed afterwards."""
@@ -113,11 +130,11 @@ async def test_the_training_engine_serves_base_and_trained_as_fresh_engines_woul
     assert set(base) == set(trained) and len(base) == 3
     assert all(t.policy_version == 6 for t in base.values()), "base weights loaded as the next version"
     assert all(base[k].logprobs != trained[k].logprobs for k in base), "the export was not loaded"
-    _same_episodes(trained, await _fresh_engine_episodes(f"vllm:run:{run}", config, tmp_path / "fresh"))
+    _same_episodes(trained, fresh_trained)
     _same_episodes(base, await _fresh_engine_episodes("vllm:smollm2", config, tmp_path / "fresh-base"))
 
 
-async def test_base_engine_serves_the_trained_export_as_a_fresh_engine_would(tmp_path) -> None:
+async def test_base_engine_serves_the_trained_export_as_a_fresh_engine_would(tmp_path, fresh_trained) -> None:
     from toolgym.training.config import load_config
     from toolgym.training.heldout.run import run_heldout
 
@@ -141,7 +158,7 @@ async def test_base_engine_serves_the_trained_export_as_a_fresh_engine_would(tmp
     assert set(base) == set(trained) and len(base) == 3
     assert all(t.policy_version == 1 for t in trained.values()), "the export is weight version 1"
     assert all(base[k].logprobs != trained[k].logprobs for k in base), "the export was not loaded"
-    _same_episodes(trained, await _fresh_engine_episodes(f"vllm:run:{run}", config, tmp_path / "fresh"))
+    _same_episodes(trained, fresh_trained)
 
 
 async def test_a_warm_started_run_is_compared_with_its_control_and_pooled(tmp_path) -> None:

@@ -68,6 +68,7 @@ def test_cli_backend_flag_is_the_override(tmp_path: Path, monkeypatch: pytest.Mo
         main(["train", "--backend", "rya"])
 
 
+@pytest.mark.slow
 def test_cli_train_on_ray_matches_asyncio_and_shuts_ray_down(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,6 +129,7 @@ def local_ray() -> Iterator[None]:
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow
 async def test_env_actor_gives_the_in_process_trajectory_on_searchqa(local_ray: None) -> None:
     pool = EnvActorPool("toolgym/SearchQA-v0", {}, actors=1)
     try:

@@ -83,6 +83,7 @@ def _comparable(run_dir: Path) -> tuple[list[dict], list[dict]]:
     return metrics, records
 
 
+@pytest.mark.slow
 async def test_two_runs_of_one_config_sample_and_train_identically(tmp_path: Path) -> None:
     # look-ahead, several workers and a tool with latency: scheduling varies, the run must not
     overrides = [
