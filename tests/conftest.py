@@ -4,9 +4,9 @@
 for one process); ``python -m pytest -q -m "not slow"`` is the contributor's loop: every module's unit
 tests, in minutes.
 A test is ``slow`` when it is marked so, or when it needs a heavy part: a marker of
-:data:`HEAVY_MARKERS` implies ``slow``. ``tests/test_layout.py`` keeps tests that build a model, an
-engine, a sandbox or a training run marked; at the end of a run, tests that took longer than
-:data:`SLOW_S` without the marker are listed (mark them, or make them cheaper).
+:data:`HEAVY_MARKERS` implies ``slow``. ``tests/test_layout.py`` keeps every test that reaches Docker
+marked ``docker`` (its worker lane depends on it); at the end of a run, tests that took longer than
+:data:`SLOW_S` without the ``slow`` marker are listed (mark them, or make them cheaper).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ SLOW_S = 3.0
 _UNMARKED: dict[str, float] = {}
 
 
-#: test files whose tests start local Ray clusters: one worker runs them all, one after another (a
-#: cluster started with ``ray start`` is found by every ``ray.init`` on the machine)
+#: test files whose tests start Ray instances: one worker runs them all, one after another (Ray's test
+#: ``Cluster`` is joined by any ``ray.init`` without an address on the machine while it lives, and
+#: two instances at once cost memory the other lane needs)
 RAY_FILES = (
     "tests/training/distributed/test_learners.py",
     "tests/training/distributed/test_learner_placement.py",

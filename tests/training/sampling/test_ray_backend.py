@@ -188,3 +188,35 @@ async def test_a_dead_actor_is_an_infra_error_and_is_restarted(local_ray: None) 
 def test_too_many_actors_for_the_cluster_fail_at_start_up(local_ray: None) -> None:
     with pytest.raises(ConfigError, match="ray_env_actors"):
         EnvActorPool("toolgym/SearchQA-v0", {}, actors=3)
+
+
+def test_a_run_without_an_address_starts_its_own_ray_and_one_with_an_address_joins(monkeypatch) -> None:
+    """Without RAY_ADDRESS a run starts a local instance even where a `ray start` cluster lives (Ray's
+    default would try to join that one, and refuse the run's CPU count); with it, the run joins."""
+    from toolgym.training.distributed import ray_cluster
+
+    class FakeRay:
+        def __init__(self) -> None:
+            self.inits: list[dict] = []
+            self.up = False
+
+        def is_initialized(self) -> bool:
+            return self.up
+
+        def init(self, **kwargs) -> None:
+            self.inits.append(kwargs)
+            self.up = True
+
+        def shutdown(self) -> None:
+            self.up = False
+
+    fake = FakeRay()
+    monkeypatch.setattr(ray_cluster, "require_ray", lambda: fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray_cluster.acquire_ray(2)
+    ray_cluster.release_ray()
+    assert fake.inits[0]["address"] == "local" and fake.inits[0]["num_cpus"] == 2 and not fake.up
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    ray_cluster.acquire_ray(2)
+    ray_cluster.release_ray()
+    assert fake.inits[1] == {"include_dashboard": False}
