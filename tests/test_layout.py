@@ -294,9 +294,9 @@ def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctio
 
 def _uses(function: ast.AST, local: dict[str, ast.AST], needle: str, seen: set[str]) -> bool:
     """Whether ``function`` calls ``needle``, itself or through a fixture or helper it names."""
-    if needle in _calls(function):
-        return True
     names = _calls(function)
+    if needle in names:
+        return True
     if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
         names |= {a.arg for a in function.args.args}
     return any(

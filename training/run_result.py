@@ -25,27 +25,15 @@ from typing import Any
 
 from toolgym.agents.eval.results import RESULT_FILE, evaluation_result, read_result, write_result
 from toolgym.agents.eval.runs import load_eval_run
+from toolgym.data import read_jsonl
 from toolgym.errors import ConfigError
 from toolgym.records.manifest import read_run_manifest
-from toolgym.training.heldout.curve import CURVE_FILE
+from toolgym.training.heldout.curve import read_curve
 
 __all__ = ["HELDOUT_EVALUATIONS", "run_result", "write_run_result"]
 
 #: The held-out evaluations a run result carries, when the run has them.
 HELDOUT_EVALUATIONS = ("base", "control", "trained")
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a half-written last line of a killed run
-    return rows
 
 
 def run_result(run_dir: str | Path, *, wall_s: float | None = None) -> dict[str, Any]:
@@ -65,14 +53,15 @@ def run_result(run_dir: str | Path, *, wall_s: float | None = None) -> dict[str,
         if (folder / "eval.json").is_file():
             evaluations[name] = evaluation_result(load_eval_run(folder))
     summary = run / "heldout" / "summary.json"
+    steps = run / "metrics.jsonl"
     manifest = read_run_manifest(run) or {}
     data = {
         "what": "run",
         "config": config,
         "evaluations": evaluations,
         "heldout": json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else None,
-        "steps": _jsonl(run / "metrics.jsonl"),
-        "curve": _jsonl(run / CURVE_FILE),
+        "steps": list(read_jsonl(steps, kind="step row")) if steps.is_file() else [],
+        "curve": read_curve(run),
         "versions": {
             "toolgym": manifest.get("toolgym"),
             "libraries": (manifest.get("machine") or {}).get("libraries"),

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.eval.evaluate import summarize
-from toolgym.agents.eval.runs import RECORD, EvalRun, EvalSettings, load_eval_run
+from toolgym.agents.eval.runs import RECORD, RESULT_FILE, EvalRun, EvalSettings, load_eval_run
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
 from toolgym.run_files import write_atomic
@@ -56,7 +56,6 @@ __all__ = [
     "write_result",
 ]
 
-RESULT_FILE = "result.json"
 FORMAT = 1
 KIND = "toolgym-result"
 DEFAULT_EVALUATION = "trained"

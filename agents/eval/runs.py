@@ -58,6 +58,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RECORD = "eval.json"
+#: The directory's result file (:mod:`toolgym.agents.eval.results`), removed with the rest on a restart.
+RESULT_FILE = "result.json"
 FORMAT = 1
 #: Fields that must agree for two runs to be compared (what makes the episodes the same episodes).
 COMPARE_FIELDS = ("env_id", "env_kwargs", "harnesses", "task_ids", "seeds")
@@ -202,7 +204,7 @@ def clear_run_dir(out: Path) -> None:
         out / RECORD,
         out / "summary.json",
         out / "elapsed_s.txt",
-        out / "result.json",
+        out / RESULT_FILE,
         *_trajectory_files(out),
     ]:
         path.unlink(missing_ok=True)
