@@ -7,6 +7,9 @@ is a :mod:`toolgym.agents.eval.results` file (``what: "run"``) whose evaluations
 
 * ``config``: the run's whole config (``config.json``), seeds included;
 * ``heldout``: the held-out table's numbers (``heldout/summary.json``);
+* ``warm_start``: the warm start's record (``warm_start.json``: episodes kept, losses, the weights'
+  hash), so a later run can rebuild that warm start from this file alone and check it
+  (``warm_start.reuse = FILE``);
 * ``steps``: every step's ``metrics.jsonl`` row (rewards, tool calls, losses, timings, curriculum);
 * ``curve``: the held-out curve's points (``heldout_curve.jsonl``);
 * ``versions``: toolgym's version and commit and the libraries', from the run manifest;
@@ -53,13 +56,15 @@ def run_result(run_dir: str | Path, *, wall_s: float | None = None) -> dict[str,
         if (folder / "eval.json").is_file():
             evaluations[name] = evaluation_result(load_eval_run(folder))
     summary = run / "heldout" / "summary.json"
+    warm = run / "warm_start.json"
     steps = run / "metrics.jsonl"
     manifest = read_run_manifest(run) or {}
     data = {
         "what": "run",
         "config": config,
         "evaluations": evaluations,
-        "heldout": json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else None,
+        "heldout": _json(summary) if summary.is_file() else None,
+        "warm_start": _json(warm) if warm.is_file() else None,
         "steps": list(read_jsonl(steps, kind="step row")) if steps.is_file() else [],
         "curve": read_curve(run),
         "versions": {
@@ -85,3 +90,10 @@ def write_run_result(run_dir: str | Path, *, wall_s: float | None = None) -> Pat
     if isinstance(earlier, int | float):
         wall_s = float(earlier) + (wall_s or 0.0)
     return write_result(path, run_result(run, wall_s=None if wall_s is None else round(wall_s, 1)))
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is unreadable ({exc}); the run's result file cannot be written") from None

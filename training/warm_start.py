@@ -14,7 +14,11 @@ Contract:
 * the loss is the mean negative log-likelihood of mask-1 tokens (the policy's own sampled ids, kept
   exactly: the same receipts as RL are checked); prompt, tool output and harness text are never trained;
 * the result is recorded (``warm_start.json`` in the run directory: episodes sampled, kept, mean reward,
-  loss per epoch) and is part of the checkpoint, so a resumed run never repeats it;
+  loss per epoch, the weights' hash) and is part of the checkpoint, so a resumed run never repeats it;
+* it is deterministic for a seeded policy on one machine and software stack, and checked so: a run
+  that reuses another's warm start loads its step-0 export, or rebuilds it when the weights are not
+  on disk (only that run's ``config.json`` and ``warm_start.json``, or its result file, are), and the
+  weights it ends with must have the recorded hash;
 * its gain is reported separately from RL's: a run with ``train.optim.lr = 0`` keeps the warm start and
   is the control that isolates the RL updates.
 """
@@ -67,6 +71,8 @@ class WarmStartResult:
     kept_task_ids: tuple[str, ...] = field(default_factory=tuple)
     #: the tools the demonstrations' prompt offered (empty: every tool of the environment)
     tools: tuple[str, ...] = field(default_factory=tuple)
+    #: the warm-started weights' hash (``weights_sha256``): what a rebuilt or reused warm start is checked by
+    weights_sha256: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +88,7 @@ class WarmStartResult:
             "infra_errors": self.infra_errors,
             "kept_task_ids": list(self.kept_task_ids),
             "tools": list(self.tools),
+            "weights_sha256": self.weights_sha256,
         }
 
     def write(self, run_dir: str | Path) -> Path:

@@ -264,3 +264,82 @@ async def test_warm_start_seed_lets_another_rl_seed_share_one_warm_start(tmp_pat
     assert all(torch.equal(p, state[n]) for n, p in c.model.state_dict().items())
     with pytest.raises(ConfigError, match="warm_start.seed must be an integer"):
         load_config(None, ["warm_start.seed='0'"])
+
+
+async def test_a_warm_start_without_weights_on_disk_is_rebuilt_and_checked_by_its_hash(
+    tmp_path: Path,
+) -> None:
+    """``warm_start.reuse`` of a run that keeps no weights (a run directory without its step-0 export,
+    or the run's result file alone, as a study keeps it in the repository) rebuilds the warm start here
+    and checks the rebuilt weights against the hash the run recorded; a record whose hash the rebuild
+    does not give, or an export whose weights were replaced, stops the run before its first checkpoint."""
+    from safetensors.torch import save_file
+
+    from toolgym.training.config import to_dict
+    from toolgym.training.run_result import write_run_result
+    from toolgym.training.sampling.workers import env_factory
+    from toolgym.training.warm_start_phase import run_warm_start, weights_sha256
+
+    warm = ["warm_start.samples=4", "warm_start.min_reward=0.0", "warm_start.epochs=1", "warm_start.lr=0.01"]
+
+    async def warm_started(run: Path, *extra: str) -> Trainer:
+        trainer = Trainer(load_config(None, [*TINY, *warm, *extra]), run)
+        trainer.model.load_state_dict(tiny_model(hidden=32, layers=2, seed=0).state_dict())
+        trainer.optimizer.reload_masters()
+        make, free = env_factory("asyncio", trainer.config.env.id, dict(trainer.config.env.kwargs))
+        try:
+            await run_warm_start(trainer, make)
+        finally:
+            free()
+            trainer.close()
+        return trainer
+
+    def record(run: Path) -> dict:
+        return json.loads((run / "warm_start.json").read_text())
+
+    a = await warm_started(tmp_path / "a")
+    (tmp_path / "a" / "config.json").write_text(json.dumps(to_dict(a.config)))
+    made = record(tmp_path / "a")["weights_sha256"]
+    assert len(made) == 64 and made == weights_sha256(a.model)
+    start = tiny_model(hidden=32, layers=2, seed=0)
+    assert weights_sha256(start) != made, "the hash is the warm-started weights'"
+
+    # the tiny policy writes no export: the run keeps no weights, so reusing it rebuilds and checks
+    b = await warm_started(tmp_path / "b", f"warm_start.reuse='{tmp_path / 'a'}'")
+    assert record(tmp_path / "b")["weights_sha256"] == made
+    assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters(), strict=True))
+
+    # the run's result file alone, in another folder (paths written portably)
+    write_run_result(tmp_path / "a")
+    kept = tmp_path / "study" / "a.json"
+    kept.parent.mkdir()
+    kept.write_bytes((tmp_path / "a" / "result.json").read_bytes())
+    assert json.loads(kept.read_text())["warm_start"]["weights_sha256"] == made
+    await warm_started(tmp_path / "c", f"warm_start.reuse='{kept}'")
+    assert record(tmp_path / "c")["weights_sha256"] == made
+
+    # a recorded hash the rebuild does not give: refused, both hashes named, nothing checkpointed
+    forged = {**record(tmp_path / "a"), "weights_sha256": "0" * 64}
+    (tmp_path / "a" / "warm_start.json").write_text(json.dumps(forged))
+    with pytest.raises(
+        ConfigError, match=rf"rebuilt here has weights hash {made[:16]}, the recorded one 0{{16}}"
+    ):
+        await warm_started(tmp_path / "d", f"warm_start.reuse='{tmp_path / 'a'}'")
+    assert not (tmp_path / "d" / "checkpoint.pt").exists()
+
+    # an export whose weights are not the recorded ones: refused as replaced
+    (tmp_path / "a" / "warm_start.json").write_text(json.dumps({**forged, "weights_sha256": made}))
+    export = tmp_path / "a" / "export" / "step-000000"
+    export.mkdir(parents=True)
+    save_file(
+        {k: v.detach().clone().contiguous() for k, v in start.state_dict().items()},
+        str(export / "model.safetensors"),
+    )
+    with pytest.raises(ConfigError, match="its step-0 export's weights have hash .* replaced or damaged"):
+        await warm_started(tmp_path / "e", f"warm_start.reuse='{tmp_path / 'a'}'")
+
+    # no export and no recorded hash (a record from before hashes): nothing to rebuild against
+    (tmp_path / "a" / "warm_start.json").write_text(json.dumps({**forged, "weights_sha256": ""}))
+    (export / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match="nor a recorded weights hash to rebuild it against"):
+        await warm_started(tmp_path / "f", f"warm_start.reuse='{tmp_path / 'a'}'")

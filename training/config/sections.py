@@ -232,10 +232,13 @@ class WarmStartConfig:
         lr: AdamW learning rate of the fine-tune (its own optimizer; RL's starts fresh).
         micro_batch: sequences per forward/backward pass.
         concurrency: episodes sampled at once (the hf policy batches them).
-        reuse: a training run directory (or its ``export/step-000000``) whose warm start this one
-            is: its step-0 export is loaded instead of sampling and fine-tuning again. Refused, with
-            the fields named, unless that run's environment, policy model and ``[warm_start]``
-            settings (``reuse`` aside) equal this config's.
+        reuse: a training run directory (or its ``export/step-000000``, or its result file
+            ``RUN/result.json``) whose warm start this one is: its step-0 export is loaded instead of
+            sampling and fine-tuning again; where the run keeps no weights (a result file, an export
+            removed) the warm start is rebuilt here. Either way the weights must have the hash the run
+            recorded (``warm_start.json``'s ``weights_sha256``), or the run stops before its first
+            checkpoint. Refused, with the fields named, unless that run's environment, policy model and
+            ``[warm_start]`` settings (``reuse`` aside) equal this config's.
         seed: the warm start's own seed (which tasks, the demonstrations' sampling, the fine-tune's
             order); unset, ``train.seed``. Set it to train RL with another ``train.seed`` from one warm
             start: ``train.seed = 1``, ``warm_start.seed = 0``, ``warm_start.reuse = RUN``.

@@ -501,6 +501,19 @@ def test_a_tiny_set_trains_every_arm_and_pairs_them_with_the_baseline(
     assert '<table id="arms">' in page and "-0.500 [-0.500, -0.500]" in page
     assert (out / "fast" / "report.html").is_file() and 'href="fast/report.html"' in page
     assert "<td>no update at all</td><td>train.optim.lr=0.0</td>" in page
+    # the first arm's weights gone (its records kept): an arm trained again rebuilds the shared warm
+    # start from the first arm's config.json and warm_start.json, and checks it by the recorded hash
+    shutil.rmtree(out / "slow" / "export")
+    shutil.rmtree(out / "fast")
+    assert main(["train", "--arms", str(path), "--out", str(out), *TINY, *HELDOUT, *WARM]) == 0
+    printed = capsys.readouterr().out
+    assert "arm 1/3 'slow': finished earlier" in printed and "arm 2/3 'fast': training" in printed
+    assert "keeps no weights; rebuilding its warm start here" in printed
+    again = json.loads((out / "fast" / "warm_start.json").read_text())
+    assert (
+        len(warm["slow"]["weights_sha256"]) == 64
+        and again["weights_sha256"] == warm["slow"]["weights_sha256"]
+    )
 
 
 class MachineWentAway(Exception):
