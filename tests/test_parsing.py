@@ -114,7 +114,8 @@ MALFORMED = [
     (
         "arguments bad json string",
         TC('{"name": "search", "arguments": "{query"}'),
-        "Error: search: arguments is a string that is not valid JSON",
+        "Error: search: arguments is a string that is not valid JSON: Expecting property name enclosed in "
+        "double quotes at column 2",
     ),
     (
         "unclosed tag",
@@ -147,7 +148,22 @@ MALFORMED = [
     (
         "nan literal",
         TC('{"name": "search", "arguments": {"query": "a", "k": NaN}}'),
-        "Error: search: argument 'k' must be integer, got number",
+        "Error: tool call writes NaN, which is not JSON: write a number",
+    ),
+    (
+        "a number past python's integer-string limit",
+        TC('{"name": "search", "arguments": {"query": "a", "k": ' + "9" * 4401 + "}}"),
+        "Error: tool call holds a number with too many digits",
+    ),
+    (
+        "a float out of range",
+        TC('{"name": "search", "arguments": {"query": "a", "k": 1e999}}'),
+        "Error: tool call holds the number 1e999, out of range",
+    ),
+    (
+        "arguments string nested past the recursion limit",
+        TC(json.dumps({"name": "search", "arguments": "[" * 20_000 + "]" * 20_000})),
+        "Error: search: arguments is a string that nests too deeply: write a flat JSON object",
     ),
 ]
 

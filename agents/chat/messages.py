@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from toolgym import model_json
 from toolgym.core import Message
 from toolgym.errors import ConfigError
 from toolgym.parsing import CLOSE, OPEN, format_tool_response
@@ -69,10 +70,13 @@ def turn_text(message: Mapping[str, Any]) -> str:
         function = call.get("function", {})
         raw = function.get("arguments", "{}")
         try:
-            arguments = json.loads(raw) if isinstance(raw, str) else raw
+            arguments = model_json.loads(raw) if isinstance(raw, str) else raw
             body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
-        except json.JSONDecodeError:
-            # NOTE: kept verbatim so the environment reports the model's malformed call.
-            body = '{"name": ' + json.dumps(function.get("name")) + ', "arguments": ' + raw + "}"
+        except (model_json.ModelJSONError, RecursionError, TypeError, ValueError):
+            # NOTE: kept verbatim so the environment reports the model's malformed call (however deep,
+            # long or odd: what the served model wrote is its own parse error, never a crash here).
+            name = function.get("name")
+            name = name if name is None or isinstance(name, str) else str(name)[:200]
+            body = '{"name": ' + json.dumps(name) + ', "arguments": ' + str(raw) + "}"
         text += f"{OPEN}{body}{CLOSE}"
     return text

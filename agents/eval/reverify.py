@@ -42,6 +42,7 @@ from toolgym.agents.eval.runs import load_eval_run
 from toolgym.agents.harness import get_harness
 from toolgym.call_formats import CALL_FORMATS
 from toolgym.core import Trajectory
+from toolgym.data import iter_jsonl
 from toolgym.errors import ConfigError, InfraError
 from toolgym.parsing import HERMES
 from toolgym.registry import is_remote_id, make
@@ -175,14 +176,11 @@ def _sources(run_dir: Path) -> Iterator[tuple[str, str, dict[str, Any], list[Tra
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
         envs = config.get("envs") or [config.get("env", {})]
         by_env: dict[str, list[Trajectory]] = {}  # a mixture's records name their [[env]]
-        for n, line in enumerate(samples.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
+        for n, record in iter_jsonl(samples, what="training sample file"):  # deep or huge lines: ConfigError
             try:
-                record = json.loads(line)
                 episode = Trajectory.from_json(json.dumps(record["trajectory"]))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(f"{samples}:{n} is not a training sample record ({exc})") from exc
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
+                raise ConfigError(f"{samples}:{n} is not a training sample record ({exc!r})"[:500]) from None
             by_env.setdefault(record.get("env", ""), []).append(episode)
         for env in envs:
             name = env.get("name", "") if len(envs) > 1 else ""

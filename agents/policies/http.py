@@ -130,8 +130,12 @@ class Reply:
         return self.content.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
-        """The body as JSON (``ValueError`` when it is not)."""
-        return json.loads(self.content)
+        """The body as JSON (``ValueError`` when it is not, or nests too deeply to read: a reply that
+        someone else wrote never raises a raw ``RecursionError``)."""
+        try:
+            return json.loads(self.content)
+        except RecursionError:
+            raise ValueError(f"the reply ({len(self.content)} bytes) nests too deeply to read") from None
 
 
 async def read_reply(

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolgym import model_json
 from toolgym.core import Message
 from toolgym.errors import ConfigError, ToolParseError, did_you_mean
 from toolgym.parsing import HERMES, CallFormat, CallKeys, RawCall, _split_blocks
@@ -98,11 +99,11 @@ class Llama3Calls:
         if not (stripped.startswith(PYTHON_TAG) or head.startswith("{")):
             return [], text, _foreign(text, self)
         calls: list[RawCall] = []
-        decoder, pos = json.JSONDecoder(), 0
+        pos = 0
         while pos < len(head) and head[pos] == "{":
             try:
-                _, end = decoder.raw_decode(head, pos)
-            except json.JSONDecodeError:  # malformed: the rest is the call, reported by the validator
+                _, end = model_json.raw_decode(head, pos)
+            except model_json.ModelJSONError:  # malformed: the rest is the call, reported by the validator
                 calls.append(RawCall(head[pos:]))
                 return calls, "", []
             calls.append(RawCall(head[pos:end]))
@@ -145,11 +146,12 @@ class MistralCalls:
         for piece in (p.strip() for p in rest.split(TOOL_CALLS)):
             if piece.startswith("["):
                 try:
-                    items = json.loads(piece)
-                except json.JSONDecodeError:
+                    items = model_json.loads(piece)
+                    bodies = [json.dumps(item, ensure_ascii=False) for item in items]
+                except (model_json.ModelJSONError, RecursionError):
                     calls.append(RawCall(piece))  # the validator reports the bad JSON
                     continue
-                calls += [RawCall(json.dumps(item, ensure_ascii=False)) for item in items]
+                calls += [RawCall(body) for body in bodies]
             elif ARGS in piece:
                 name, _, body = piece.partition(ARGS)
                 calls.append(RawCall(body, name=name))

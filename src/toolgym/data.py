@@ -63,6 +63,8 @@ def iter_jsonl(path: str | Path, *, what: str = "file") -> Iterator[tuple[int, A
                         f"{path}:{lineno}: the record nests too deeply to read (arrays or objects inside "
                         "each other hundreds of levels down); flatten it"
                     ) from None
+                except ValueError as exc:  # e.g. a number past Python's integer-string limit
+                    raise ConfigError(f"{path}:{lineno}: not readable JSON ({exc})"[:500]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (OSError, EOFError) as exc:

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from toolgym.data import json_error
+from toolgym import model_json
 from toolgym.errors import InfraError, MissingDependencyError, ToolParseError, did_you_mean
 
 __all__ = [
@@ -220,14 +220,20 @@ def parse(
     Raises:
         MissingDependencyError: a package the validation needs is not installed (ours to fix; showing
             the model an error for it would score every episode 0 and blame the model).
-        InfraError: the parser itself failed (a toolgym bug): the episode ends as ``infra_error``,
-            never scored or trained on, and a run that keeps hitting it stops (``InfraDown``).
+        InfraError: the parser itself failed (a toolgym bug) or a tool's schema is not valid JSON
+            Schema: the episode ends as ``infra_error``, never scored or trained on, and a run that
+            keeps hitting it stops (``InfraDown``). Never for what the model wrote: whatever fails
+            while reading its text (JSON, numbers past Python's limits, nesting, Unicode, validating
+            its arguments against a valid schema; :mod:`toolgym.model_json`) is its parse error, so
+            a model cannot turn its failures into left-out episodes.
     """
     try:
         syntax = HERMES if call_format is None else call_format
         return _parse(text, tools, max_calls=max_calls, max_call_chars=max_call_chars, syntax=syntax)
     except ImportError as exc:
         raise MissingDependencyError.from_import_error(exc, "Validating a tool call's arguments") from exc
+    except InfraError:
+        raise
     except Exception as exc:  # noqa: BLE001 - a bug of ours is never the model's parse error
         raise InfraError(
             f"the tool-call parser failed on this turn ({type(exc).__name__}: {exc}); this is a toolgym "
@@ -318,9 +324,6 @@ def _split_blocks(text: str, errors: list[ToolParseError]) -> tuple[list[str], s
     return bodies, "".join(outside)
 
 
-_DECODER = json.JSONDecoder()
-
-
 def _call_end(text: str, body_start: int) -> tuple[int, bool]:
     """Where the call opened at ``body_start`` ends (the index of its ``</tool_call>``, -1 if unclosed),
     and whether its body is one whole JSON object.
@@ -334,8 +337,8 @@ def _call_end(text: str, body_start: int) -> tuple[int, bool]:
         i += 1
     if text.startswith("{", i):
         try:
-            _, j = _DECODER.raw_decode(text, i)
-        except (ValueError, RecursionError):
+            _, j = model_json.raw_decode(text, i)
+        except model_json.ModelJSONError:
             pass
         else:
             while j < len(text) and text[j] in " \t\r\n":
@@ -366,16 +369,12 @@ def _parse_call(
     try:
         # the syntax may write the name outside the JSON: then the body is the arguments (none: {})
         obj = (
-            json.loads(body)
+            model_json.loads(body)
             if raw.name is None
-            else {"name": raw.name.strip(), args: json.loads(body or "{}")}
+            else {"name": raw.name.strip(), args: model_json.loads(body or "{}")}
         )
-    except json.JSONDecodeError as exc:
-        line = f" of line {exc.lineno}" if exc.lineno > 1 else ""  # a one-line call needs no line number
-        errors.append(ToolParseError(f"tool call is not valid JSON: {json_error(exc)}{line}"))
-        return None
-    except RecursionError:  # the model's text, however deep, is the model's mistake
-        errors.append(ToolParseError("tool call nests too deeply: write a flat JSON object"))
+    except model_json.ModelJSONError as exc:  # however the model's text fails to decode, it is the model's
+        errors.append(ToolParseError(f"tool call {exc}"))
         return None
     if not isinstance(obj, dict):
         errors.append(ToolParseError(f"tool call must be a JSON object {shape}, got {_json_type(obj)}"))
@@ -404,13 +403,14 @@ def _parse_call(
     arguments = obj.get(spelled[0], {}) if spelled else {}
     if isinstance(arguments, str):  # OpenAI style: arguments as a JSON-encoded string
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            errors.append(ToolParseError(f"{args} is a string that is not valid JSON", tool=name))
+            arguments = model_json.loads(arguments)
+        except model_json.ModelJSONError as exc:
+            errors.append(ToolParseError(f"{args} is a string that {exc}", tool=name))
             return None
     if not isinstance(arguments, dict):
         errors.append(ToolParseError(f"{args} must be a JSON object, got {_json_type(arguments)}", tool=name))
         return None
+    check_schema(tools[name])  # the schema is ours: a fault in it is never the model's
     try:
         if _has_surrogates(json.dumps(arguments, ensure_ascii=False)):
             errors.append(ToolParseError("arguments contain invalid Unicode (a lone surrogate)", tool=name))
@@ -419,10 +419,40 @@ def _parse_call(
     except RecursionError:
         errors.append(ToolParseError("arguments nest too deeply: write a flat JSON object", tool=name))
         return None
+    except ImportError:
+        raise  # a package of ours is missing: never the model's mistake
+    except Exception as exc:  # noqa: BLE001 - the validator failed on the model's values, against a valid schema
+        errors.append(
+            ToolParseError(f"arguments cannot be checked ({type(exc).__name__}: {exc})"[:300], tool=name)
+        )
+        return None
     if problem:
         errors.append(ToolParseError(problem, tool=name))
         return None
     return ToolCall(name=name, arguments=arguments)
+
+
+_CHECKED_SCHEMAS: set[str] = set()
+
+
+def check_schema(schema: Mapping[str, Any]) -> None:
+    """Check a tool's parameter schema once (by its JSON text) against JSON Schema's metaschema.
+
+    Raises:
+        InfraError: the schema is not valid JSON Schema (the tool's author's fault, never the model's).
+    """
+    key = json.dumps(schema, sort_keys=True, default=str)
+    if key in _CHECKED_SCHEMAS:
+        return
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(dict(schema))
+    except jsonschema.exceptions.SchemaError as exc:
+        raise InfraError(
+            f"a tool's parameter schema is not valid JSON Schema ({exc.message}); fix the tool's schema"
+        ) from exc
+    _CHECKED_SCHEMAS.add(key)
 
 
 def schema_problem(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> str | None:

@@ -112,6 +112,20 @@ def test_a_directory_without_trajectories_is_a_clear_error(tmp_path) -> None:
         reverify_run(tmp_path / "missing")
 
 
+@pytest.mark.parametrize(
+    "line",
+    ["[" * 60_000 + "]" * 60_000, '{"trajectory": ' + "9" * 5000 + "}", '{"trajectory": [1]}', "[1, 2]"],
+    ids=["nested 60,000 deep", "a 5,000-digit number", "not a trajectory", "not a record"],
+)
+def test_a_training_sample_file_with_a_hostile_line_is_a_located_config_error(tmp_path, line) -> None:
+    """A stored record is data from anyone: however deep, long or wrong, it is a ConfigError naming
+    file:line, never a raw RecursionError or ValueError."""
+    (tmp_path / "config.json").write_text(json.dumps({"env": {"id": SEARCH}}))
+    (tmp_path / "trajectories.jsonl").write_text("\n" + line + "\n")
+    with pytest.raises(ConfigError, match=r"trajectories.jsonl:2"):
+        reverify_run(tmp_path)
+
+
 SOLUTION = (
     "def has_close_elements(numbers, threshold):\n"
     "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"

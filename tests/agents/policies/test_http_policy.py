@@ -122,7 +122,7 @@ class _Script:
                 script.seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 status, body, delay = script.answers[min(len(script.seen), len(script.answers)) - 1]
                 time.sleep(delay)
-                payload = json.dumps(body).encode()
+                payload = body if isinstance(body, bytes) else json.dumps(body).encode()
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
@@ -185,6 +185,38 @@ async def test_a_client_error_is_not_retried():
         with pytest.raises(ConfigError, match="HTTP 404.*does not exist"):
             await policy.generate(_chat(policy), GREEDY)
     assert len(server.seen) == 1
+
+
+async def test_a_reply_nested_too_deeply_is_an_infra_error_not_a_crash():
+    """Someone else's JSON, however deep, is their failure (``PolicyError``, an ``InfraError``: the
+    episode is ``infra_error``), never a raw ``RecursionError`` that ends the run."""
+    deep = b"[" * 60_000 + b"]" * 60_000
+    with _Script([(200, deep, 0)]) as server:
+        policy = HTTPPolicy(server.url, "m", retries=0, backoff_s=0.01)
+        with pytest.raises(PolicyError, match="non-JSON"):
+            await policy.generate(_chat(policy), GREEDY)
+
+
+async def test_a_served_tool_call_the_parser_cannot_read_is_the_models_parse_error():
+    """What the served model wrote in a tool call's arguments (a 4,401-digit number, JSON nested 20,000
+    deep) reaches the environment verbatim and is the model's parse error there."""
+    for arguments in ('{"a": ' + "9" * 4401 + "}", "[" * 20_000 + "]" * 20_000):
+        body = {
+            "choices": [
+                {
+                    "message": {
+                        "content": None,
+                        "tool_calls": [{"function": {"name": "add", "arguments": arguments}}],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ]
+        }
+        with _Script([(200, body, 0)]) as server:
+            policy = HTTPPolicy(server.url, "m", retries=0, backoff_s=0.01)
+            completion = await policy.generate(_chat(policy), GREEDY)
+        turn = parse(completion.text, {"add": ADD.parameters})
+        assert not turn.calls and turn.errors, completion.text[:80]
 
 
 async def test_connection_refused_is_an_infra_error():
