@@ -52,6 +52,14 @@ class RunProgress:
         if not self.terminal:
             print(f"[{time.strftime('%H:%M:%S')}] {text}", file=self.stream, flush=True)
 
+    def warn(self, text: str) -> None:
+        """A timestamped ``WARNING:`` line, on a terminal too (above its bars)."""
+        message = f"[{time.strftime('%H:%M:%S')}] WARNING: {text}"
+        if self._rich is not None:
+            self._rich.console.print(message, markup=False, highlight=False)
+        else:
+            print(message, file=self.stream, flush=True)
+
     @contextmanager
     def task(self, name: str, total: float | None = None, completed: float = 0) -> Iterator[_Task]:
         """A phase with ``total`` items (``None``: unknown yet); its line opens it when not on a terminal."""

@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from toolgym.agents.eval.evaluate import left_out_warning
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
 from toolgym.errors import ConfigError
@@ -390,6 +391,10 @@ class Trainer:
                         curriculum=curriculum,
                     )
                     metrics.update(guarded)
+                    episodes = [t for r in records for t in r.group.trajectories]
+                    left_out = sum(t.status == "infra_error" for t in episodes)
+                    if warning := left_out_warning(f"step {self.step}", left_out, len(episodes)):
+                        self.progress.warn(warning)
                     # the curve before the next wave is admitted: no rollout runs beside it
                     if hc.every and self.step % hc.every == 0:
                         metrics.update({k: v for k, v in (await self._curve()).items() if k != "step"})

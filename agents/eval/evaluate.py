@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,16 +39,38 @@ from toolgym.records.manifest import env_fingerprint, run_manifest, write_run_ma
 from toolgym.registry import env_creator, make
 from toolgym.run_files import write_atomic
 
+log = logging.getLogger(__name__)
+
 __all__ = [
+    "LEFT_OUT_WARNING",
     "EvalReport",
     "TrackSummary",
     "check_env_kwargs",
     "evaluate",
     "bootstrap_means",
+    "left_out_warning",
     "paired_bootstrap",
     "pick_tasks",
     "summarize",
 ]
+
+
+#: The share of a track's (or a training step's) episodes left out as ``infra_error`` above which its
+#: numbers are reported with a warning: they are over the scored episodes only.
+LEFT_OUT_WARNING = 0.05
+
+
+def left_out_warning(what: str, left_out: int, total: int) -> str | None:
+    """A warning when more than :data:`LEFT_OUT_WARNING` of ``total`` episodes ended in ``infra_error``
+    (left out of every score and never trained on), else None."""
+    if total <= 0 or left_out / total <= LEFT_OUT_WARNING:
+        return None
+    return (
+        f"{what}: {left_out} of {total} episodes ({left_out / total:.0%}) ended in infra_error and are left "
+        f"out: its success rate and rewards are over the other {total - left_out} only. These are faults of "
+        "ours or of the infrastructure (the log names them), never the model's; fix them before reading "
+        "the numbers"
+    )
 
 
 @dataclass(frozen=True)
@@ -248,6 +271,9 @@ async def evaluate(
         if a:
             paired[name] = paired_bootstrap(a, b, seed=seed)
     report = EvalReport(env_id, policy_name or "policy", seed, picked, tracks, paired)
+    for track in tracks:
+        if warning := left_out_warning(f"evaluation track {track.harness!r}", track.infra_errors, track.n):
+            log.warning(warning)
     report.trajectories.update(results)
     report.settings.update(settings.to_dict())
     report.manifest.update(manifest)

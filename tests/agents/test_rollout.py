@@ -343,3 +343,16 @@ def test_a_policy_config_error_or_bug_raises(error):
 
 def test_an_infra_error_raised_outside_an_environment_has_no_episode_metrics():
     assert InfraError("x").episode_metrics == {}
+
+
+def test_a_left_out_share_past_the_threshold_is_a_warning():
+    from toolgym.agents.eval.evaluate import LEFT_OUT_WARNING, left_out_warning
+
+    assert LEFT_OUT_WARNING == 0.05
+    assert left_out_warning("track 'bare'", 1, 20) is None  # 5%: not past it
+    assert left_out_warning("track 'bare'", 0, 0) is None
+    warning = left_out_warning("track 'bare'", 13, 20)
+    assert warning is not None and warning.startswith(
+        "track 'bare': 13 of 20 episodes (65%) ended in infra_error"
+    )
+    assert "over the other 7 only" in warning

@@ -119,7 +119,7 @@ def assert_same_as_uninterrupted(run_dir: Path, uninterrupted: tuple[list[dict],
     assert torch.load(run_dir / checkpoint.CHECKPOINT_NAME, weights_only=False)["step"] == STEPS
 
 
-async def test_policy_failures_mid_run_are_counted_and_never_trained_on(tmp_path: Path) -> None:
+async def test_policy_failures_mid_run_are_counted_and_never_trained_on(tmp_path: Path, capsys) -> None:
     # sample 0 of every other group fails: groups keep a usable sample, so the run must go on
     sampler = GroupSampler(["w0"], group_size=CONFIG.train.group_size, seed=CONFIG.train.seed)
     doomed = {sampler.episode_seed(group, 0) for group in range(0, STEPS * 2, 2)}
@@ -134,6 +134,10 @@ async def test_policy_failures_mid_run_are_counted_and_never_trained_on(tmp_path
     assert not any(r["trained"] for r in failed) and any(r["trained"] for r in records)
     assert all(r["trajectory"]["error"].startswith("PolicyError: the vLLM engine") for r in failed)
     assert all(r["trajectory"]["reward"] == 0.0 for r in failed)
+    # one episode of four left out each step: past the 5% threshold, every step says so
+    printed = capsys.readouterr().out
+    for step in range(1, STEPS + 1):
+        assert f"WARNING: step {step}: 1 of 4 episodes (25%) ended in infra_error and are left out" in printed
 
 
 async def test_an_engine_gone_for_good_stops_the_run_which_resumes_with_nothing_lost(

@@ -193,3 +193,5 @@ def test_progress_prints_lines_when_not_on_a_terminal() -> None:
     quiet = io.StringIO()
     RunProgress(quiet, terminal=True).line("nothing")
     assert quiet.getvalue() == ""
+    RunProgress(quiet, terminal=True).warn("left out")  # a warning is shown on a terminal too
+    assert quiet.getvalue().rstrip().endswith("WARNING: left out")
