@@ -55,7 +55,7 @@ import torch
 from toolgym.agents.eval.evaluate import left_out_warning
 from toolgym.agents.harness import get_harness
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
-from toolgym.errors import ConfigError
+from toolgym.errors import CheckpointError, ConfigError
 from toolgym.procs import descendants, record_processes, stop_leftovers
 from toolgym.records.trackers import Trackers
 from toolgym.registry import check_id
@@ -273,9 +273,10 @@ class Trainer:
             self.weight_sync.sync(self.model, version)  # the engine serves the restored weights
         # an engine already at ``version`` is this process's own, which these weights came from
         self.policy.policy_version = version
-        for name, size in state["log_sizes"].items():
-            truncate_to(self.run_dir / name, int(size))
-        for name in set(LOG_FILES) - set(state["log_sizes"]):  # a log newer than the checkpoint
+        sizes = _log_sizes(state.get("log_sizes"), self.run_dir)
+        for name, size in sizes.items():
+            truncate_to(self.run_dir / name, size)
+        for name in set(LOG_FILES) - set(sizes):  # a log newer than the checkpoint
             truncate_to(self.run_dir / name, 0)
 
     def close(self, *, keep_policy: bool = False) -> None:
@@ -522,3 +523,27 @@ def _step_note(metrics: dict[str, float]) -> str:
 
 def _curve_note(point: dict[str, float]) -> str:
     return ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in point.items() if k.endswith("/reward"))
+
+
+def _log_sizes(saved: Any, run_dir: Path) -> dict[str, int]:
+    """The checkpoint's ``log_sizes``, checked to name only the logs the trainer writes (``LOG_FILES``,
+    bare names: a checkpoint is data, and a name such as ``../x`` or ``/etc/x`` would truncate a file
+    outside the run) with sizes that are non-negative integers.
+
+    Raises:
+        CheckpointError: anything else, named.
+    """
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{run_dir}'s checkpoint has no log_sizes table (got {type(saved).__name__})")
+    out: dict[str, int] = {}
+    for name, size in saved.items():
+        if name not in LOG_FILES:
+            raise CheckpointError(
+                f"{run_dir}'s checkpoint names {str(name)[:200]!r} among its logs, which is none of the files "
+                f"a run writes ({', '.join(LOG_FILES)}); it was not written by toolgym, so nothing is truncated. "
+                "Train into a new --out, or remove checkpoint.pt to start this run again"
+            )
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise CheckpointError(f"{run_dir}'s checkpoint gives {name} the size {size!r}: not a byte count")
+        out[name] = size
+    return out

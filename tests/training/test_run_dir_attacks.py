@@ -323,3 +323,33 @@ def test_no_run_file_writer_follows_a_link(tmp_path: Path, outside: Path, how: s
     run_files.write_atomic(tmp_path / "plain", "new")
     assert (tmp_path / "plain").read_text() == "new" and not (tmp_path / ".plain.tmp").exists()
     assert outside.read_text() == OUTSIDE
+
+
+@pytest.mark.parametrize("how", ["parent", "absolute", "other file", "bad size"])
+def test_a_checkpoints_log_names_never_reach_outside_the_run(run: Path, tmp_path: Path, how: str) -> None:
+    """A checkpoint that passes the safe load is still data: the logs it names are truncated on resume,
+    so only the trainer's own log names are accepted (an absolute path or ``../`` used to truncate any
+    file the user can write)."""
+    from toolgym.training.checkpoint import save_checkpoint
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text(OUTSIDE)
+    state = load_checkpoint(run)
+    name = {
+        "parent": "../victim.txt",
+        "absolute": str(victim),
+        "other file": "config.json",
+        "bad size": "metrics.jsonl",
+    }[how]
+    state["log_sizes"] = {name: -1 if how == "bad size" else 0}
+    save_checkpoint(run, state)
+    config = (run / "config.json").read_text()
+    trainer = Trainer(CONFIG, run, policy=tiny())
+    try:
+        with pytest.raises(
+            CheckpointError, match="not a byte count" if how == "bad size" else "none of the files"
+        ):
+            trainer.resume()
+    finally:
+        trainer.close()
+    assert victim.read_text() == OUTSIDE and (run / "config.json").read_text() == config
