@@ -45,7 +45,7 @@ from toolgym.agents.policies.run_exports import (
 from toolgym.agents.policies.spec import resolve_model_dir
 from toolgym.errors import ConfigError
 from toolgym.file_table import file_table, sha256_file
-from toolgym.run_files import write_atomic
+from toolgym.run_files import run_folder, write_atomic
 from toolgym.training.checkpoint import load_checkpoint
 from toolgym.training.config import LoraConfig, renamed_keys
 from toolgym.training.learn.lora import apply_lora, is_lora, plain_state_dict
@@ -112,8 +112,8 @@ def export_model(
     """
     if keep < 1:
         raise ConfigError(f"keep must be >= 1 (the export just written is always kept), got {keep}")
-    root = Path(run_dir) / EXPORT_DIR
-    root.mkdir(parents=True, exist_ok=True)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    root = run_folder(run_dir, EXPORT_DIR)  # a link on it would write (and prune) another run's exports
     _remove_temporaries(root)
     name = step_dir_name(step)
     final = root / name

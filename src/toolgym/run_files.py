@@ -12,8 +12,12 @@ before a byte is written:
 * :func:`write_atomic` writes a temporary file that way and renames it over the name (a rename replaces
   a link itself, never its target), refusing a link at the name first.
 
-Only the last path component is checked: the run directory itself, and the folders above it, are the
-user's choice. toolgym creates no links in a run directory, so any link found there is refused.
+The run directory itself, and the folders above it, are the user's choice. Below it, every folder
+toolgym writes into (``export/``, ``learners/``, ``heldout/``, ``tensorboard/``, ``wandb/``, ...) is
+taken through :func:`run_folder`, which refuses a link at each of its components: a link on a folder
+would otherwise redirect every file below it (``RUN/export`` -> another run's exports, whose newest
+export an export of this run would then delete and replace). toolgym creates no links in a run
+directory, so any link found there is refused.
 """
 
 from __future__ import annotations
@@ -21,12 +25,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from pathlib import Path
 from typing import IO, BinaryIO
 
 from toolgym.errors import ConfigError
 
-__all__ = ["create_new", "open_append", "open_update", "open_write", "refuse_link", "write_atomic"]
+__all__ = [
+    "create_new",
+    "open_append",
+    "open_update",
+    "open_write",
+    "refuse_link",
+    "run_folder",
+    "write_atomic",
+]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -48,6 +61,35 @@ def refuse_link(path: str | Path) -> None:
     """Raise :class:`ConfigError` when ``path`` is a symbolic link; a missing file is fine."""
     if os.path.islink(path):
         raise _link_error(Path(path))
+
+
+def run_folder(run_dir: str | Path, *parts: str, create: bool = True) -> Path:
+    """``run_dir/part/...``: each folder below ``run_dir`` made if missing (``create``) and refused when it
+    is a symbolic link (a dangling one too) or not a folder; ``run_dir`` itself is the user's choice.
+
+    Raises:
+        ConfigError: a component is a link or a file (named, with the link's target).
+        ValueError: a part is not a single folder name (a bug of the caller's).
+    """
+    path = Path(run_dir)
+    for part in parts:
+        if part in ("", ".", "..") or "/" in part or os.sep in part:
+            raise ValueError(f"run_folder takes folder names one by one, got {part!r}")
+        path = path / part
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)  # never follows a link at ``path`` (a dangling one is an existing name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            if create:
+                raise
+            continue  # not made yet: nothing below it can be a planted link either
+        if stat.S_ISLNK(mode):
+            raise _link_error(path)
+        if not stat.S_ISDIR(mode):
+            raise ConfigError(f"{path} is not a folder; toolgym keeps a folder there. Fix: move it away")
+    return path
 
 
 def _open(path: Path, flags: int, mode: str) -> IO[str] | BinaryIO:

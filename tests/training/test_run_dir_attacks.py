@@ -353,3 +353,98 @@ def test_a_checkpoints_log_names_never_reach_outside_the_run(run: Path, tmp_path
     finally:
         trainer.close()
     assert victim.read_text() == OUTSIDE and (run / "config.json").read_text() == config
+
+
+# ----------------------------------------------------------------------------- links on folders
+@pytest.fixture
+def other_run(tmp_path: Path) -> Path:
+    """Another run's folder, with a file of its own in it: a folder link in the attacked run points here."""
+    folder = tmp_path / "other"
+    folder.mkdir()
+    (folder / "latest.json").write_text(OUTSIDE)
+    return folder
+
+
+def _linked(tmp_path: Path, name: str, target: Path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).symlink_to(target, target_is_directory=True)
+    return run
+
+
+def _untouched(folder: Path) -> None:
+    assert sorted(p.name for p in folder.iterdir()) == ["latest.json"]
+    assert (folder / "latest.json").read_text() == OUTSIDE
+
+
+def test_an_export_never_goes_through_a_linked_export_folder(tmp_path: Path, other_run: Path) -> None:
+    """``RUN/export`` linked to another run's exports: exporting used to prune that run's exports and
+    repoint its ``latest.json``; it is refused before anything is written."""
+    from toolgym.training.export import export_model
+
+    run = _linked(tmp_path, "export", other_run)
+    with pytest.raises(ConfigError, match=r"export is a symbolic link"):
+        export_model(run, None, None, step=1)
+    _untouched(other_run)
+
+
+def test_the_skipped_steps_folder_and_the_trackers_folders_refuse_links(
+    tmp_path: Path, other_run: Path, caplog
+) -> None:
+    """A kept skipped step, TensorBoard's event files and W&B's folder never go through a linked folder
+    (a tracker that fails drops out of the run with a warning; the run's own files are complete)."""
+    from builders import trajectory
+
+    from toolgym.records.trackers import open_trackers
+    from toolgym.training.learn.step_guard import NONFINITE_DIR, StepGuard
+
+    run = _linked(tmp_path, NONFINITE_DIR, other_run)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        StepGuard(run, 3).observe(1, "loss", [[trajectory([1, 2, 3], [0, 1, 1])]])
+    shutil.rmtree(run)
+    run = _linked(tmp_path, "tensorboard", other_run)
+    trackers = open_trackers(["tensorboard"], run, config={"a": 1}, kind="train")
+    trackers.log_metrics(1, {"x": 1.0})
+    trackers.close()
+    assert "tensorboard is a symbolic link" in caplog.text and not trackers
+    shutil.rmtree(run)
+    run = _linked(tmp_path, "wandb", other_run)
+    with pytest.raises(ConfigError, match="wandb is a symbolic link"):
+        open_trackers(["wandb"], run, config={"a": 1}, kind="train")
+    _untouched(other_run)
+
+
+def test_the_wandb_id_file_is_never_read_or_written_through_a_link(tmp_path: Path, outside: Path) -> None:
+    """A link at ``RUN/wandb/toolgym-run-id`` used to make a private file's content the W&B run id."""
+    from toolgym.records.trackers import open_trackers
+
+    run = tmp_path / "run"
+    (run / "wandb").mkdir(parents=True)
+    (run / "wandb" / "toolgym-run-id").symlink_to(outside)
+    with pytest.raises(ConfigError, match="toolgym-run-id is a symbolic link"):
+        open_trackers(["wandb"], run, config={}, kind="train")
+    assert outside.read_text() == OUTSIDE
+
+
+def test_run_folder_refuses_a_link_or_a_file_at_any_component(tmp_path: Path, other_run: Path) -> None:
+    from toolgym.run_files import run_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert (
+        run_folder(run, "heldout", "base") == run / "heldout" / "base" and (run / "heldout" / "base").is_dir()
+    )
+    assert run_folder(run, "learners", create=False) == run / "learners" and not (run / "learners").exists()
+    (run / "heldout" / "control").symlink_to(other_run)
+    with pytest.raises(ConfigError, match="control is a symbolic link"):
+        run_folder(run, "heldout", "control", create=False)
+    (run / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="dangling is a symbolic link"):
+        run_folder(run, "dangling", "x")
+    assert not (tmp_path / "nowhere").exists(), "a dangling link makes nothing outside the run"
+    (run / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        run_folder(run, "afile")
+    with pytest.raises(ValueError, match="folder names one by one"):
+        run_folder(run, "../x")
+    _untouched(other_run)

@@ -59,7 +59,7 @@ import torch
 
 from toolgym.errors import ConfigError, RunStopped
 from toolgym.procs import log_tail
-from toolgym.run_files import create_new
+from toolgym.run_files import create_new, run_folder
 from toolgym.training.distributed.fsdp import ShardedLearner
 from toolgym.training.distributed.ray_actors import RayLearners
 from toolgym.training.distributed.rendezvous import (
@@ -235,7 +235,8 @@ class LearnerGroup:
             **self.transport,  # one machine: the same loopback pin as rank 0's
         }
         if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self.log_dir.parent.mkdir(parents=True, exist_ok=True)
+            run_folder(self.log_dir.parent, self.log_dir.name)  # never a planted link
         if self.ray is not None:  # an actor keeps Ray's environment (its GPU) and takes only these
             passed = {k: os.environ[k] for k in (FAULT_ENV, "OMP_NUM_THREADS") if k in os.environ}
             log_path = None if self.log_dir is None else self.log_dir / f"rank-{rank}.log"

@@ -32,7 +32,7 @@ from toolgym.agents.policies.spec import parse_policy_spec
 from toolgym.core import SamplingParams, TaskToolEnv
 from toolgym.errors import ConfigError
 from toolgym.records.manifest import env_fingerprint, manifest_differences, weights_sha256
-from toolgym.run_files import write_atomic
+from toolgym.run_files import run_folder, write_atomic
 from toolgym.training.heldout.table import check_disjoint
 
 __all__ = ["can_share_engine", "find_reusable", "run_heldout"]
@@ -199,7 +199,7 @@ async def run_heldout(
     picked = pick_tasks(all_ids, hc.n, hc.seed)
     reused: dict[str, str] = {}
     for label, spec in specs.items():
-        out = run_dir / "heldout" / label
+        out = run_folder(run_folder(run_dir, "heldout"), label, create=False)  # never a planted link
         if hc.reuse and not (out / "eval.json").exists():
             wanted = EvalSettings(
                 env_id=env.id,

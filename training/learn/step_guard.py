@@ -30,7 +30,7 @@ from typing import Any
 
 from toolgym.core import Trajectory
 from toolgym.errors import RunStopped
-from toolgym.run_files import open_write, refuse_link
+from toolgym.run_files import open_write, run_folder
 from toolgym.training.learn.grpo import StepPlan
 
 __all__ = ["NONFINITE_DIR", "NonFiniteSteps", "StepGuard", "nonfinite_logprobs"]
@@ -96,9 +96,7 @@ class StepGuard:
         return {"train/skipped": 1.0, "train/skipped_steps": float(self.skipped_steps)}
 
     def _keep(self, step: int, reason: str, groups: Sequence[Sequence[Trajectory]]) -> Path:
-        folder = self.run_dir / NONFINITE_DIR
-        refuse_link(folder)
-        folder.mkdir(exist_ok=True)
+        folder = run_folder(self.run_dir, NONFINITE_DIR)
         path = folder / f"step-{step}.jsonl"
         with open_write(path) as fh:
             for g, group in enumerate(groups):

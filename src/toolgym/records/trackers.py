@@ -29,6 +29,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +38,7 @@ from typing import Any, Protocol
 
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError, MissingDependencyError, did_you_mean
+from toolgym.run_files import refuse_link, run_folder, write_atomic
 
 __all__ = [
     "TRACKERS",
@@ -205,7 +207,7 @@ class _TensorBoard:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         if self._writer is None:
-            self._writer = EventFileWriter(str(self.log_dir))
+            self._writer = EventFileWriter(str(run_folder(self.log_dir.parent, self.log_dir.name)))  # no link
             if step > 0:  # a resumed run: readers drop what a dead attempt logged at steps >= this one
                 start = Event(
                     step=step, wall_time=time.time(), session_log=SessionLog(status=SessionLog.START)
@@ -254,13 +256,13 @@ class _Wandb:
         import wandb
 
         self._wandb = wandb
-        folder = run_dir / "wandb"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = run_folder(run_dir, "wandb")  # never a planted link, nor the id file below
         id_file = folder / "toolgym-run-id"
+        refuse_link(id_file)
         run_id = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else ""
-        if not run_id:
+        if not re.fullmatch(r"[a-z0-9]{1,64}", run_id):  # none yet, or not one toolgym wrote
             run_id = secrets.token_hex(4)  # W&B ids: lowercase letters and digits
-            id_file.write_text(run_id + "\n", encoding="utf-8")
+            write_atomic(id_file, run_id + "\n")
         self.run = wandb.init(
             mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]
             dir=str(run_dir),
