@@ -45,8 +45,10 @@ more learners than groups per step (``train.tasks_per_step``).
 from __future__ import annotations
 
 import datetime
+import hmac
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -63,13 +65,17 @@ from toolgym.run_files import create_new, run_folder
 from toolgym.training.distributed.fsdp import ShardedLearner
 from toolgym.training.distributed.ray_actors import RayLearners
 from toolgym.training.distributed.rendezvous import (
+    CHALLENGE_KEY,
+    HANDSHAKE_S,
     LOOPBACK_NAMES,
     SECRET_ENV,
+    RendezvousRefused,
     authenticate,
     listening_store,
     loopback_env,
     new_secret,
     require_secret,
+    store_proof,
     transport_env,
 )
 from toolgym.training.distributed.step import (
@@ -200,6 +206,7 @@ class LearnerGroup:
                 master_addr = self.ray.open(self.world - 1)
             self.transport = loopback_env() if master_addr == "127.0.0.1" else {}
             store = listening_store(master_addr, self.world, min(self.timeout_s, 600.0))
+            store.set(CHALLENGE_KEY, secrets.token_hex(32))  # each rank it starts answers it (store_proof)
             try:
                 for rank in range(1, self.world):
                     self.children[rank] = self._spawn(rank, store.port, master_addr)
@@ -215,9 +222,11 @@ class LearnerGroup:
                 )
         self.started = True
         try:
-            authenticate(self.secret, 0, self.world, self._device())
+            authenticate(
+                self.secret, 0, self.world, self._device(), deadline_s=min(HANDSHAKE_S, self.timeout_s)
+            )
         except BaseException:
-            self.close()
+            self.close(say_stop=False)  # nothing more is said to a group that did not prove itself
             raise
 
     def _device(self) -> str:
@@ -256,9 +265,26 @@ class LearnerGroup:
     def _wait_for_children(self, store: Any) -> None:
         """Until every child has checked in at the store; one that exits first stops the run."""
         deadline = time.monotonic() + min(self.timeout_s, 600.0)
+        challenge = store.get(CHALLENGE_KEY)
         while True:
-            ready = store.num_keys() - 1  # the store's own key
-            if ready >= self.world - 1:
+            ready = [r for r in range(1, self.world) if store.check([f"learner/{r}"])]
+            if len(ready) >= self.world - 1:
+                wrong = [
+                    r
+                    for r in ready
+                    if not hmac.compare_digest(
+                        bytes(store.get(f"learner/{r}")),
+                        store_proof(self.secret, r, self.world, challenge).encode(),
+                    )
+                ]
+                if wrong:
+                    self.close()
+                    who = ", ".join(f"rank {r}" for r in wrong)
+                    raise RendezvousRefused(
+                        f"a process checked in at the learner store as {who} without the run's secret (its "
+                        "proof is wrong): a process this run did not start reached the store. It was refused "
+                        "before the learner group formed; nothing was sent to it"
+                    )
                 return
             for rank, child in self.children.items():
                 if child.poll() is not None:
@@ -270,7 +296,7 @@ class LearnerGroup:
             if time.monotonic() > deadline:
                 self.close()
                 raise ConfigError(
-                    f"{self.world - 1 - ready} learner process(es) did not join within "
+                    f"{self.world - 1 - len(ready)} learner process(es) did not join within "
                     f"{min(self.timeout_s, 600.0):.0f} s{self._log_tail(1)}"
                 )
             time.sleep(0.05)
@@ -281,11 +307,12 @@ class LearnerGroup:
             return self.ray.log_elsewhere(rank)
         return log_tail(path, 8)
 
-    def close(self) -> None:
-        """Tell the learners to stop, wait for them (killing any that do not), leave the group."""
+    def close(self, *, say_stop: bool = True) -> None:
+        """Tell the learners to stop (unless ``say_stop`` is False: a group whose ranks did not all prove
+        the secret hears nothing more), wait for them (killing any that do not), leave the group."""
         if self.started:
             dist = torch_dist()
-            if all(c.poll() is None for c in self.children.values()):
+            if say_stop and all(c.poll() is None for c in self.children.values()):
                 try:
                     dist.broadcast_object_list([("stop",)], src=0)
                 except Exception:  # noqa: BLE001 (a dead learner: nothing more to say to it)

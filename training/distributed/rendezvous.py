@@ -22,6 +22,13 @@ Two rules keep it out:
   reads the secret from ``TOOLGYM_LEARNER_SECRET``, which the user exports on every node (a run
   without it is refused at start, with the command that makes one).
 
+Two deadlines of seconds, not the collectives' timeout (half an hour by default), bound a rank that
+joins and then says nothing. Ranks this run starts check in at rank 0's store with a proof before the
+group forms (:func:`store_proof` over a challenge rank 0 put in the store; a wrong one is refused by
+rank, before the group forms: the store answers any local client, the proof is what it trusts); and
+:func:`authenticate` waits at most :data:`HANDSHAKE_S` for every rank's tags, then stops the run,
+naming the ranks that stayed silent.
+
 What the secret does not do: the collectives' traffic (weights, gradients) is not encrypted, and an
 on-path attacker who can rewrite packets between nodes is out of scope. Learners on several nodes
 should share a private network (a cluster's own fabric, a VPN), never the open internet. A process of
@@ -45,6 +52,8 @@ from toolgym.errors import ConfigError, RunStopped
 __all__ = [
     "INTERFACE_ENV",
     "LOOPBACK_NAMES",
+    "CHALLENGE_KEY",
+    "HANDSHAKE_S",
     "SECRET_ENV",
     "RendezvousRefused",
     "authenticate",
@@ -53,11 +62,16 @@ __all__ = [
     "loopback_interface",
     "new_secret",
     "require_secret",
+    "store_proof",
     "transport_env",
 ]
 
 #: The run's learner secret, in every rank's environment.
 SECRET_ENV = "TOOLGYM_LEARNER_SECRET"
+#: How long every rank's secret proof may take once the group has formed (then the run stops).
+HANDSHAKE_S = 60.0
+#: The store key of rank 0's challenge, which a rank it started answers with :func:`store_proof`.
+CHALLENGE_KEY = "learner/challenge"
 #: The environment variables that pin each collective library's transport to one interface.
 INTERFACE_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #: Addresses that mean "this machine" (a torchrun group whose master is one of them stays on loopback).
@@ -160,24 +174,49 @@ def listening_store(address: str, world: int, timeout_s: float) -> Any:
         raise
 
 
+def store_proof(secret: str, rank: int, world: int, challenge: bytes) -> str:
+    """What a rank this run started writes at ``learner/RANK`` in rank 0's store: an HMAC of its rank
+    and rank 0's challenge under the secret (hex), so rank 0 can refuse a rank that checked in without
+    the secret before the group forms."""
+    message = b"toolgym-store|%d|%d|" % (rank, world) + bytes(challenge)
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
 def _tag(secret: str, rank: int, world: int, nonces: bytes) -> bytes:
     message = b"toolgym-learner|%d|%d|" % (rank, world) + nonces
     return hmac.new(secret.encode(), message, hashlib.sha256).digest()
 
 
-def authenticate(secret: str, rank: int, world: int, device: Any = "cpu") -> None:
+def authenticate(
+    secret: str, rank: int, world: int, device: Any = "cpu", *, deadline_s: float = HANDSHAKE_S
+) -> None:
     """Every rank proves the secret to every other; call on every rank right after the group forms.
 
     Raises:
-        RendezvousRefused: naming the ranks whose proof failed (on every honest rank alike).
+        RendezvousRefused: naming the ranks whose proof failed (on every honest rank alike), or, when
+            the tags did not all arrive within ``deadline_s``, naming the ranks that stayed silent.
     """
+    import datetime
+
     import torch
     import torch.distributed as dist
 
     def gather(mine: bytes) -> list[bytes]:
         local = torch.tensor(list(mine), dtype=torch.uint8, device=device)
-        parts = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(parts, local)
+        parts = [torch.zeros_like(local) for _ in range(world)]
+        work = dist.all_gather(parts, local, async_op=True)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=deadline_s))
+        except RuntimeError as exc:  # the backend's timeout: some rank never sent its part
+            silent = [r for r in range(world) if r != rank and not bool(parts[r].any())]
+            who = ", ".join(f"rank {r}" for r in silent) or "a rank"
+            raise RendezvousRefused(
+                f"learner {who} joined the learner group but sent no proof of the run's secret within "
+                f"{deadline_s:.0f} s, as seen from rank {rank} ({type(exc).__name__}: {str(exc)[:120]}): a "
+                "process this run did not start (one that reached the store without the secret), or a "
+                "learner that hangs. Nothing was sent to it; the run stops here instead of waiting for the "
+                "collectives' timeout"
+            ) from None
         return [bytes(p.cpu().tolist()) for p in parts]
 
     nonces = b"".join(gather(secrets.token_bytes(_NONCE)))

@@ -20,10 +20,13 @@ import torch
 
 from toolgym.training.distributed.fsdp import ShardedLearner
 from toolgym.training.distributed.rendezvous import (
+    CHALLENGE_KEY,
+    HANDSHAKE_S,
     LOOPBACK_NAMES,
     authenticate,
     loopback_env,
     require_secret,
+    store_proof,
     transport_env,
 )
 from toolgym.training.distributed.step import ReplicatedStep, agree, torch_dist
@@ -53,7 +56,7 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
         store = dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False
         )
-        store.set(f"learner/{rank}", "ready")
+        store.set(f"learner/{rank}", store_proof(secret, rank, world, bytes(store.get(CHALLENGE_KEY))))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     else:
         local = os.environ.get("MASTER_ADDR", "") in LOOPBACK_NAMES
@@ -61,7 +64,11 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
     # NOTE (trust): nothing from another rank is unpickled before every rank has proved the secret
     authenticate(
-        secret, rank, world, torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
+        secret,
+        rank,
+        world,
+        torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu",
+        deadline_s=min(HANDSHAKE_S, seconds),
     )
     fault = os.environ.get(FAULT_ENV, "")
     fault_rank, _, fault_step = fault.partition(":")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,35 +68,104 @@ def test_nothing_a_learner_group_starts_listens_beyond_loopback(tmp_path: Path) 
         group.close()
 
 
-def test_a_rank_without_the_runs_secret_is_refused_by_name_before_anything_is_sent(
+def _impostor(tmp_path: Path, code: str, *, secret: str = "an attacker's guess, long enough"):
+    """A ``_spawn`` that kills the learner this run started and runs ``code`` in its seat instead (it
+    knows the store's address, as any local process could; ``secret`` is what it believes the secret is)."""
+
+    def spawn(rank: int, port: int, master_addr: str) -> subprocess.Popen:
+        env = {**os.environ, "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "RANK": str(rank)}
+        env.update(
+            WORLD_SIZE="2", TOOLGYM_DIST_BACKEND="gloo", TOOLGYM_DIST_TIMEOUT="60", **{SECRET_ENV: secret}
+        )
+        out = open(tmp_path / "impostor.log", "wb")  # noqa: SIM115 (the child writes to it)
+        return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=out, stderr=out)
+
+    return spawn
+
+
+WORKER = "from toolgym.training.distributed.worker import worker_main; raise SystemExit(worker_main())"
+#: checks in at the store with a proof under its secret, joins the group, then never says a word
+SILENT = """
+import datetime, os, time
+import torch.distributed as dist
+from toolgym.training.distributed.rendezvous import CHALLENGE_KEY, store_proof
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
+proof = store_proof(os.environ["TOOLGYM_LEARNER_SECRET"], rank, world, bytes(store.get(CHALLENGE_KEY)))
+store.set(f"learner/{rank}", proof)
+dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
+print("joined, saying nothing", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_rank_without_the_runs_secret_is_refused_by_name_before_the_group_forms(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A process that dials rank 0's store as rank 1 first, knowing the address but not the secret."""
+    """A process that dials rank 0's store as rank 1 first, knowing the address but not the secret: its
+    check-in proof is wrong, so it is refused before the learner group forms."""
     group = LearnerGroup(2, log_dir=tmp_path)
-    real_spawn = group._spawn
-
-    def impostor(rank: int, port: int, master_addr: str) -> subprocess.Popen:
-        real_spawn(rank, port, master_addr).kill()  # the learner this run started never gets there
-        env = {**os.environ, "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "RANK": str(rank)}
-        env.update(WORLD_SIZE="2", TOOLGYM_DIST_BACKEND="gloo", TOOLGYM_DIST_TIMEOUT="60")
-        env[SECRET_ENV] = "an attacker's guess, long enough"
-        out = open(tmp_path / "impostor.log", "wb")  # noqa: SIM115 (the child writes to it)
-        return subprocess.Popen(
-            [sys.executable, "-m", "toolgym.training.distributed.worker"], env=env, stdout=out, stderr=out
-        )
-
-    monkeypatch.setattr(group, "_spawn", impostor)
+    monkeypatch.setattr(group, "_spawn", _impostor(tmp_path, WORKER))
     with pytest.raises(
-        RendezvousRefused, match=r"learner rank 1 could not prove the run's secret, as seen from rank 0"
+        RendezvousRefused, match=r"checked in at the learner store as rank 1 without the run's secret"
     ):
         group.start()
-    child = group.children.get(1)
-    if child is not None:
-        child.wait(timeout=60)
-    log = (tmp_path / "impostor.log").read_text()
-    # the impostor refused rank 0 too, and never reached the first message (the model and config)
-    assert "RendezvousRefused: learner rank 0 could not prove" in log, log[-2000:]
-    assert not group.started
+    assert not group.started and not group.children
+
+
+def test_a_silent_rank_stops_the_run_within_the_handshake_deadline_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank that joins and never speaks used to hold the run for the collectives' timeout (half an
+    hour by default); the secret's proof has a deadline of seconds, and the refusal names the rank."""
+    group = LearnerGroup(2, log_dir=tmp_path, timeout_s=15)
+    monkeypatch.setattr(
+        group,
+        "_spawn",
+        lambda rank, port, addr: _impostor(tmp_path, SILENT, secret=group.secret)(rank, port, addr),
+    )
+    started = time.monotonic()
+    with pytest.raises(
+        RendezvousRefused, match=r"learner rank 1 joined the learner group but sent no proof .* within 15 s"
+    ):
+        group.start()
+    assert time.monotonic() - started < 120
+    assert "joined, saying nothing" in (tmp_path / "impostor.log").read_text()
+    assert not group.started and not group.children
+
+
+def test_a_rank_with_another_secret_is_refused_in_the_handshake(tmp_path: Path) -> None:
+    """The group-level proof (what guards torchrun's ranks, which no store check-in precedes): a rank
+    that joined the group with another secret is refused by name on every honest rank."""
+    code = """
+import datetime, os
+import torch.distributed as dist
+from toolgym.training.distributed.rendezvous import authenticate
+store = dist.TCPStore("127.0.0.1", int(os.environ["PORT"]), 2, is_master=False)
+dist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=datetime.timedelta(seconds=60))
+authenticate("another secret, long enough to pass", 1, 2, deadline_s=30)
+"""
+    import torch.distributed as dist
+
+    from toolgym.training.distributed.rendezvous import authenticate, listening_store
+
+    store = listening_store("127.0.0.1", 2, 60)
+    out = open(tmp_path / "rank1.log", "wb")  # noqa: SIM115 (the child writes to it)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], env={**os.environ, "PORT": str(store.port)}, stdout=out, stderr=out
+    )
+    try:
+        dist.init_process_group("gloo", store=store, rank=0, world_size=2)
+        with pytest.raises(
+            RendezvousRefused, match="learner rank 1 could not prove the run's secret, as seen from rank 0"
+        ):
+            authenticate("the run's own secret, long enough", 0, 2, deadline_s=30)
+        assert child.wait(timeout=60) != 0
+        assert "learner rank 0 could not prove" in (tmp_path / "rank1.log").read_text()
+    finally:
+        dist.destroy_process_group()
+        if child.poll() is None:
+            child.kill()
 
 
 def test_torchrun_learners_without_a_secret_are_refused_with_the_command_that_makes_one() -> None:
