@@ -26,7 +26,10 @@ that code gives a new key; an entry is never read for inputs it was not built fr
 
 Opening checks the manifest (sizes always, checksums unless stamped unchanged) and that it names this
 key, these input digests and this format; a missing, truncated, altered or foreign entry is rebuilt,
-with a warning saying why. A build holds an exclusive lock on ``.arxiv-refs-<key>.lock`` (``flock``:
+with a warning saying why. The manifest is a checksum, not a signature: whoever can write an entry can
+edit its gold answers and recompute it, so an entry is trusted as the user's own files are, and only
+when it is: an entry (or a file in it) that belongs to another user or that every user may write is
+rebuilt, with a warning. A build holds an exclusive lock on ``.arxiv-refs-<key>.lock`` (``flock``:
 the OS releases it if the builder dies), so processes that start together build once and the others
 open the result; it writes into a temporary sibling renamed into place only when complete, and hashes
 its inputs again at the end: a file edited during the build is refused, never cached under the digest
@@ -237,6 +240,8 @@ def _build(
                 "files": index_file_table(tmp),
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            for path in (tmp, *tmp.iterdir()):  # never writable by others, whatever the umask
+                path.chmod(path.stat().st_mode & ~0o002)
         _DIGESTS.clear()  # hash again: the build must have read the bytes the key names
         if _inputs(corpus, collection_path) != inputs:
             raise ConfigError(
@@ -296,8 +301,26 @@ def _open_index(ref: dict[str, str], collection: Collection, backend: str, entry
     return index
 
 
+def _check_owner(target: Path) -> None:
+    """Raise _Unusable unless the entry and every file in it belong to this user and no one else may
+    write them: its manifest is only a checksum, which whoever can edit the gold answers can recompute."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for path in (target, *target.iterdir()):
+        st = path.lstat()
+        if uid is not None and st.st_uid != uid:
+            raise _Unusable(
+                f"{path.name} belongs to another user (uid {st.st_uid}), so its gold answers are not trusted"
+            )
+        if st.st_mode & 0o002:  # group write is left alone: a user's own group, under a umask of 002
+            raise _Unusable(
+                f"{path.name} is writable by other users (mode {st.st_mode & 0o777:o}), so its gold answers "
+                "are not trusted"
+            )
+
+
 def _open(target: Path, key: str, inputs: dict[str, str | None], settings: CacheSettings) -> Derived:
     """The entry at ``target``, checked (module docstring). Raises _Unusable saying why it cannot serve."""
+    _check_owner(target)
     try:
         manifest = read_manifest(target)
     except BackendError as exc:

@@ -271,3 +271,31 @@ def test_environments_of_one_process_share_one_copy(cache, files):
     assert a._shared is b._shared and a.collection is b.collection
     c = ArxivRefsEnv(corpus, collection=records, unlinked="omit")
     assert c._shared is not a._shared
+
+
+@pytest.mark.parametrize("how", ["writable by others", "another user's"])
+def test_an_entry_someone_else_could_have_edited_is_not_trusted_and_is_rebuilt(cache, files, caplog, how):
+    """The manifest is only a checksum (an editor of the gold answers can recompute it): an entry is
+    trusted as the user's own files are, so one another account owns or may write is rebuilt."""
+    corpus, records = files
+    first = load_or_build(corpus, records, SETTINGS)
+    good = snapshot(first)
+    path = first.path / "tasks.jsonl"
+    if how == "writable by others":
+        path.chmod(0o666)
+    else:
+        os.chown(path, 12345, -1)  # the suite runs as root in CI; another account's file
+    with caplog.at_level(logging.WARNING):
+        again = load_or_build(corpus, records, SETTINGS)
+    reason = (
+        "is writable by other users (mode 666)"
+        if how == "writable by others"
+        else "belongs to another user (uid 12345)"
+    )
+    assert (
+        f"tasks.jsonl {reason}, so its gold answers are not trusted" in caplog.text
+        and "rebuilding it" in caplog.text
+    )
+    assert snapshot(again) == good
+    st = (again.path / "tasks.jsonl").stat()
+    assert st.st_uid == os.getuid() and not st.st_mode & 0o002
