@@ -207,7 +207,12 @@ class McpToolset:
                 raise InfraError(
                     f"MCP server {self.description} failed: {type(exc).__name__}: {exc}"
                 ) from exc
-            text = render_result(result)
+            try:
+                text = render_result(result)
+            except RecursionError:  # structured content nested past what can be written out
+                raise InfraError(
+                    f"MCP server {self.description} answered {name} with content nested too deeply to show"
+                ) from None
             if getattr(result, "is_error", False):
                 raise ToolCallError(text or "the tool reported an error", tool=name)
             return text

@@ -126,3 +126,23 @@ async def test_an_environments_tools_served_over_mcp_match_the_golden_trace() ->
         assert await tools["answer"](answer="308") == (
             "answer scored: reward 1; a new episode started on the same task"
         )
+
+
+async def test_a_result_nested_too_deeply_to_show_is_an_infra_error(toolset: McpToolset, monkeypatch) -> None:
+    """What a server answers is someone else's JSON: content too deep to write out is the server's fault
+    (``InfraError``, the episode's ``infra_error``), never a raw ``RecursionError`` that ends the run."""
+    import toolgym.tools.mcp as mcp_module
+
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+
+    class Deep:
+        content: list = []
+        structured_content = deep
+        is_error = False
+
+    render = mcp_module.render_result  # the real renderer, given the server's answer replaced by a deep one
+    monkeypatch.setattr(mcp_module, "render_result", lambda result: render(Deep()))
+    with pytest.raises(InfraError, match="nested too deeply to show"):
+        await by_name(toolset)["add"](a=1, b=2)
