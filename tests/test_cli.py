@@ -86,6 +86,10 @@ def test_eval_scripted_bm25_baseline_on_arxiv_refs(tmp_path):
     (track,) = summary["tracks"]
     assert track["infra_errors"] == 0 and track["tool_calls"] > 1
     assert 0.0 < track["metrics"]["reward/f1"] < 1.0
+    # what the episodes did with their tools, measured by the environment (toolgym.tool_use)
+    assert track["metrics"]["use/searches"] >= 1.0 and 0.0 <= track["metrics"]["use/answer_shown"] <= 1.0
+    assert "use/query_overlap" not in track["metrics"]  # ArxivRefs has no question to compare with
+    assert "tool use" in out.stdout and "answer_shown" in out.stdout
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from toolgym.errors import ConfigError
 from toolgym.records.manifest import manifest_differences, read_run_manifest, run_manifest, write_run_manifest
 from toolgym.records.trackers import Trackers, trajectory_rows
 from toolgym.run_files import open_append, refuse_link
+from toolgym.tool_use import tool_use_means
 from toolgym.training.config import RunConfig, to_dict
 from toolgym.training.learn.grpo import StepResult
 from toolgym.training.learn.rewards import shaped_reward
@@ -141,6 +142,7 @@ def step_metrics(
     }
     for name in tools:
         metrics[f"tool/{name}/calls"] = sum(t.metrics.get(f"tool/{name}/calls", 0.0) for t in trajs) / n
+    metrics.update(tool_use_means(ok))  # use/*: what the episodes did with their tools (toolgym.tool_use)
     metrics.update(result.sync)  # time/weight_sync, time/weight_export, time/weight_load (vLLM)
     metrics.update(curriculum)
     return metrics

@@ -38,6 +38,7 @@ from toolgym.errors import ConfigError, did_you_mean
 from toolgym.records.manifest import env_fingerprint, run_manifest, write_run_manifest
 from toolgym.registry import env_creator, make
 from toolgym.run_files import write_atomic
+from toolgym.tool_use import tool_use_means
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,12 @@ def summarize(harness: str, trajectories: Sequence[Trajectory]) -> TrackSummary:
         n=len(trajectories),
         success=mean([float(t.reward >= 1.0 - 1e-9) for t in scored]),
         reward=mean([t.reward for t in scored]),
-        # an episode that was never compacted is one segment
-        metrics={k: mean([t.metrics.get(k, float(k == "episode/segments")) for t in scored]) for k in keys},
+        # an episode that was never compacted is one segment; tool-use measures (toolgym.tool_use) are
+        # means over the episodes that have them (absent: not measured)
+        metrics={
+            **{k: mean([t.metrics.get(k, float(k == "episode/segments")) for t in scored]) for k in keys},
+            **tool_use_means(scored),
+        },
         tool_calls=mean(
             [
                 sum(v for k, v in t.metrics.items() if k.startswith("tool/") and k.endswith("/calls"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -21,6 +22,7 @@ from toolgym.envs.arxiv_refs.data import (
 from toolgym.envs.arxiv_refs.verifier import CitationF1Verifier
 from toolgym.errors import ConfigError, ToolCallError
 from toolgym.splits import check_split, select_split
+from toolgym.tool_use import ToolUse, search_measures
 from toolgym.tools.papers.collection import Collection, PaperRecord
 from toolgym.tools.papers.corpus import default_corpus_path
 from toolgym.tools.search.retriever import RetrieverSettings, open_retriever
@@ -86,6 +88,10 @@ _RANKING = {"bm25": "BM25", "dense": "dense retrieval", "hybrid": "BM25 and dens
 
 
 # ----------------------------------------------------------------------------- environment
+
+
+#: A paper id as a search result line starts with it (:func:`_render_hit`).
+_SHOWN_ID = re.compile(r"^\[([^\]\n]+)\]", re.MULTILINE)
 
 
 def _render_hit(record: PaperRecord) -> str:
@@ -236,6 +242,22 @@ class ArxivRefsEnv(ToolEnv):
                 f"no paper {paper_id!r} in the collection; use an id from search_papers results"
             )
         return self.collection.records[cid]
+
+    def tool_use_metrics(self, task: Task, calls: Sequence[ToolUse], answer: Any) -> dict[str, float]:
+        """The shared search measures (no question to compare queries with: the task is a whole text),
+        papers read (``use/opened``), whether a search showed a gold paper (``use/answer_shown``) and the
+        share of the submitted ids a search had shown (``use/answer_in_results``)."""
+        out = search_measures(calls, search="search_papers", opened=("read_paper",))
+        resolve = self.collection.resolve
+        shown = {
+            resolve(pid) for c in calls if c.name == "search_papers" for pid in _SHOWN_ID.findall(c.output)
+        } - {None}
+        gold = {resolve(str(g)) for g in task.reference or ()} - {None}
+        out["use/answer_shown"] = float(bool(gold & shown))
+        if isinstance(answer, list | tuple) and answer:
+            given = [resolve(str(a)) for a in answer]
+            out["use/answer_in_results"] = sum(g in shown for g in given if g is not None) / len(given)
+        return out
 
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
         def search_papers(query: str, k: int = 5) -> str:

@@ -21,6 +21,7 @@ from toolgym.envs.search_qa.verifier import ExactMatchVerifier
 from toolgym.errors import ConfigError, ToolCallError, did_you_mean
 from toolgym.parsing import format_tool_call
 from toolgym.splits import check_split, select_split
+from toolgym.tool_use import ToolUse, search_measures
 from toolgym.tools.search.retriever import RetrieverSettings
 
 __all__ = [
@@ -178,6 +179,20 @@ class SearchQAEnv(ToolEnv):
         """The search index behind the tools (for run manifests): for a dense or hybrid retriever, the
         encoder's hash and settings and the fusion rule, so runs of two retrievers never compare."""
         return {"index": self.index.provenance}
+
+    def tool_use_metrics(self, task: Task, calls: Sequence[ToolUse], answer: Any) -> dict[str, float]:
+        """The shared search measures against the question, and whether a result showed a gold answer
+        (``use/answer_shown``) or the answer given (``use/answer_in_results``), as whole SQuAD words."""
+        from toolgym.envs.search_qa.hard import shown_answer  # hard.py builds on this module
+
+        question = str(task.metadata.get("question", "")) or task.prompt
+        out = search_measures(calls, question=question)
+        shown = "\n".join(c.output for c in calls)
+        golds = [str(g) for g in task.reference] if isinstance(task.reference, list | tuple) else []
+        out["use/answer_shown"] = float(shown_answer(shown, golds) is not None)
+        if answer is not None:
+            out["use/answer_in_results"] = float(shown_answer(shown, [str(answer)]) is not None)
+        return out
 
     def _choose_task(self, options: dict[str, Any]) -> Task:
         self.selection.check_options(options)  # a task id of the other split: say so

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -68,6 +68,7 @@ from toolgym.errors import (
 )
 from toolgym.parsing import HERMES, CallFormat, ParsedTurn, parse
 from toolgym.spaces import MessagesSpace, TextSpace
+from toolgym.tool_use import ToolUse
 from toolgym.unlocks import UnlockTracker, announcement, check_rules, parse_rules, split_tools
 
 if TYPE_CHECKING:
@@ -162,6 +163,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         self._turn = 0
         self._done = True
         self._metrics: dict[str, float] = {}
+        self._tool_log: list[ToolUse] = []  # the episode's non-terminal calls (tool_use_metrics)
         self._closed = False
 
     # ----------------------------------------------------------------- subclass hooks
@@ -171,6 +173,12 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
 
     async def close_episode(self) -> None:
         """Release per-episode resources. Called before each reset and by ``close``; idempotent."""
+
+    def tool_use_metrics(self, task: Task, calls: Sequence[ToolUse], answer: Any) -> Mapping[str, float]:
+        """What the episode did with its tools (:mod:`toolgym.tool_use`: the names, and the shared search
+        measures), called once when it ends; ``answer`` is the terminal answer (None when it ran out of
+        turns). Each key lands in the episode's metrics as ``use/<name>``. Default: none (not measured)."""
+        return {}
 
     def demonstration(self, allowed_tools: Sequence[str]) -> list[Message]:
         """A worked example shown between the tool list and the task (default: none).
@@ -234,7 +242,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         check_rules(rules, tools, options.get("tools"), self.max_turns)
         self._tools, shown, self._withheld = split_tools(rules, tools, allowed)
         self._unlocks = UnlockTracker(rules) if rules else None
-        self._turn, self._done, self._metrics = 0, False, {}
+        self._turn, self._done, self._metrics, self._tool_log = 0, False, {}, []
         if self._unlocks is not None:
             self._metrics["env/unlocks"] = 0.0
         schemas = [tool_schema(t) for t in shown.values()]
@@ -281,9 +289,9 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
                 terminated, answer = True, _terminal_answer(tool, call.arguments)
                 break
             errors_before = self._metrics.get(f"tool/{call.name}/errors", 0.0)
-            obs.append(
-                {"role": "tool", "name": call.name, "content": await self._run_tool(tool, call.arguments)}
-            )
+            output = await self._run_tool(tool, call.arguments)
+            obs.append({"role": "tool", "name": call.name, "content": output})
+            self._tool_log.append(ToolUse(self._turn, call.name, copy.deepcopy(dict(call.arguments)), output))
             if self._unlocks is not None:
                 self._unlocks.record(
                     call.name, ok=self._metrics.get(f"tool/{call.name}/errors", 0.0) == errors_before
@@ -305,6 +313,10 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         if terminated or truncated:
             self._done = True
             self._metrics["env/turns"] = float(self._turn)
+            measures = self.tool_use_metrics(self.task, tuple(self._tool_log), answer)
+            self._metrics.update(
+                {k if k.startswith("use/") else f"use/{k}": float(v) for k, v in measures.items()}
+            )
             info["metrics"] = dict(self._metrics)
         return obs, reward, terminated, truncated, info
 

@@ -54,8 +54,11 @@ async def test_tiny_training_changes_parameters_and_writes_logs(tmp_path: Path) 
         "time/queue_wait",
         "curriculum/stage",
         "tool/answer/calls",
+        "use/searched",  # the environment's tool-use measures, a mean over the step's episodes
     ):
         assert key in metrics[0], key
+    episodes = [json.loads(x)["trajectory"] for x in lines[:8]]  # step 1's
+    assert metrics[0]["use/searched"] == sum(t["metrics"]["use/searched"] for t in episodes) / 8
     # nothing solved at 0.99 letters share -> the unsolved signal unlocks "lookup" after one step
     assert metrics[-1]["curriculum/stage"] == 1.0
     assert json.loads((tmp_path / "curriculum.jsonl").read_text())["tools"] == ["answer", "lookup"]

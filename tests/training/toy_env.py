@@ -15,6 +15,7 @@ import gymnasium
 
 from toolgym.core import FunctionTool, Message, Score, Task, Tool
 from toolgym.env import ToolEnv
+from toolgym.tool_use import ToolUse, search_measures
 
 ENV_ID = "toolgym-test/Letters-v0"
 
@@ -42,6 +43,9 @@ class LettersEnv(ToolEnv):
             for i in range(n_tasks)
         ] + [Task(id=f"f{i}", prompt=f"Say anything ({i}).", reference="flat") for i in range(flat_tasks)]
         self.verifier = LettersVerifier()
+
+    def tool_use_metrics(self, task: Task, calls: Sequence[ToolUse], answer: object) -> dict[str, float]:
+        return search_measures(calls, search="lookup", query_key="word", question=task.prompt)
 
     async def episode_tools(self, task: Task) -> Sequence[Tool]:
         async def lookup(word: str) -> str:

@@ -171,7 +171,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table = Table(
         title=f"{report.env_id} · policy {report.policy} · n={len(report.task_ids)} · seed {report.seed}"
     )
-    reward_keys = sorted({k for t in report.tracks for k in t.metrics})
+    reward_keys = sorted({k for t in report.tracks for k in t.metrics if not k.startswith("use/")})
     for col in [
         "track",
         "success",
@@ -195,6 +195,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             str(t.infra_errors),
         )
     Console(width=140).print(table)
+    use_table = tool_use_table(report.tracks)
+    if use_table is not None:
+        Console(width=140).print(use_table)
     base = report.tracks[0].harness
     for name, (diff, low, high) in report.paired.items():
         print(
@@ -215,6 +218,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         this = EvalRun(args.out, settings, "complete", report.trajectories, report.manifest)
         _print_comparison(compare_runs(baseline, this, seed=args.seed, allow=args.allow))
     return 0
+
+
+def tool_use_table(tracks: Sequence[Any]) -> Any:
+    """A rich table of each track's tool-use measures (``use/*``, :mod:`toolgym.tool_use`), or None
+    when the environment measures none; a measure a track lacks shows as "-" (not measured)."""
+    from rich.table import Table
+
+    keys = sorted({k for t in tracks for k in t.metrics if k.startswith("use/")})
+    if not keys:
+        return None
+    table = Table(title="tool use (means over episodes; toolgym.tool_use)")
+    for col in ["track", *(k.removeprefix("use/") for k in keys)]:
+        table.add_column(col, justify="left" if col == "track" else "right")
+    for t in tracks:
+        table.add_row(t.harness, *(f"{t.metrics[k]:.3f}" if k in t.metrics else "-" for k in keys))
+    return table
 
 
 def _check_loggers(args: argparse.Namespace) -> tuple[str, ...]:

@@ -391,6 +391,13 @@ async def test_scripted_policy_episode(small):
     assert traj.metrics["tool/search_papers/calls"] == 1.0 and traj.metrics["tool/read_paper/calls"] == 1.0
     tool_text = [m["content"] for m in traj.messages if m["role"] == "tool"]
     assert tool_text[0].startswith("[") and f"id: {task.reference[0]}" in tool_text[1]
+    # the environment's tool-use measures (toolgym.tool_use): one search, one paper read; no question
+    # to compare queries with, so no overlap (not measured, never 0)
+    m = traj.metrics
+    assert (m["use/searches"], m["use/opened"], m["use/first_search_turn"]) == (1.0, 1.0, 1.0)
+    assert "use/query_overlap" not in m and "use/reformulated" not in m
+    shown = task.reference[0] in tool_text[0]
+    assert m["use/answer_shown"] == float(shown)
 
 
 def test_placeholder_queries_cover_every_sentence():
@@ -436,6 +443,9 @@ async def test_the_reference_demonstration_submits_only_gold_ids_it_was_shown(de
         ]
         assert submitted and all(f"[{i}]" in shown for i in submitted)  # never an id it did not see
         gold_seen = [i for i in task.reference if f"[{i}]" in shown]
+        # measured by the environment: every id it submitted had been shown; gold shown when any was
+        assert traj.metrics["use/answer_in_results"] == 1.0
+        assert traj.metrics["use/answer_shown"] == float(bool(gold_seen))
         if gold_seen:  # exactly the gold it saw: precision 1
             assert sorted(submitted) == sorted(gold_seen) and traj.reward > 0
             rewarded += 1

@@ -100,6 +100,11 @@ def test_the_copy_rule_fails_on_the_hard_set_through_the_environment(hard_env):
         assert shown_answer(tool_text(trajectory), task.reference) is None
     # The copy rule matches gold strings inside longer words ("Brazil" in "Brazilian"): 4 such lucky hits.
     assert sum(t.reward for t in trajectories) == 4.0
+    # the environment's tool-use measures say the same on every episode (toolgym.tool_use)
+    for trajectory in trajectories:
+        m = trajectory.metrics
+        assert (m["use/searches"], m["use/query_overlap"], m["use/reformulated"]) == (1.0, 1.0, 0.0)
+        assert m["use/answer_shown"] == 0.0 and m["use/first_search_turn"] == 1.0 and m["use/opened"] == 0.0
 
 
 def test_the_reformulating_rule_solves_every_hard_question(hard_env):
@@ -109,6 +114,14 @@ def test_the_reformulating_rule_solves_every_hard_question(hard_env):
     for task, trajectory in zip(tasks, trajectories, strict=True):
         searched = [m["content"] for m in trajectory.messages[4:] if '"name": "search"' in m["content"]]
         assert searched and any(task.metadata["question"] not in call for call in searched)
+        # measured by the environment: it searched with other words and was shown the answer
+        m = trajectory.metrics
+        assert (
+            m["use/reformulated"] == 1.0
+            and m["use/answer_shown"] == 1.0
+            and m["use/answer_in_results"] == 1.0
+        )
+        assert m["use/query_overlap"] < 1.0 and m["use/searches"] == len(searched)
 
 
 def test_the_reformulating_rule_searches_a_name_only_after_a_result_showed_it():
