@@ -21,6 +21,7 @@ from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
 from toolgym.records.manifest import manifest_differences, read_run_manifest, run_manifest, write_run_manifest
 from toolgym.records.trackers import Trackers, trajectory_rows
+from toolgym.registry import env_reference_rule
 from toolgym.run_files import open_append, refuse_link
 from toolgym.tool_use import tool_use_means
 from toolgym.training.config import RunConfig, to_dict
@@ -226,6 +227,13 @@ def write_train_manifest(
     run = {"harness": config.env.harness, "max_total_tokens": config.env.max_total_tokens}
     run.update(task_ids=list(task_ids), sampling=to_dict(config.sampling), seed=config.train.seed)
     run["warm_start"] = to_dict(config.warm_start)
+    if config.train.task_pool == "reference" or (
+        config.warm_start.enabled and config.warm_start.source == "reference"
+    ):
+        # the scripted solver behind the demonstrations or the task pool, by name (an unknown one stops here)
+        run["reference_rule"] = env_reference_rule(
+            config.env.id, config.env.kwargs, config.env.reference_rule
+        )[0]
     policy = {"kind": config.policy.kind, "model": config.policy.model}
     if model_dir is not None:
         policy["model_dir"] = str(model_dir)

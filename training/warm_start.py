@@ -40,7 +40,7 @@ from toolgym.agents.rollout import run_episode
 from toolgym.core import Harness, Policy, SamplingParams, Trajectory
 from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError
-from toolgym.registry import env_attribute, make
+from toolgym.registry import env_reference_rule, make
 from toolgym.run_files import write_atomic
 from toolgym.training.config.sections import WarmStartConfig
 from toolgym.training.learn.loss import check_token_receipt
@@ -97,17 +97,25 @@ class WarmStartResult:
         return path
 
 
-def reference_demonstrator(env_id: str, env_kwargs: dict[str, Any], policy: Any) -> Callable[[str], Policy]:
-    """``task_id -> policy`` playing the environment module's ``reference_rule(task)`` in ``policy``'s
-    own tokenizer and chat template (``warm_start.source = "reference"``)."""
+def reference_demonstrator(
+    env_id: str, env_kwargs: dict[str, Any], policy: Any, rule: str = ""
+) -> Callable[[str], Policy]:
+    """``task_id -> policy`` playing the environment module's reference rule ``rule`` (empty: the one it
+    names for ``env_kwargs``; :func:`toolgym.registry.env_reference_rule`) in ``policy``'s own tokenizer
+    and chat template (``warm_start.source = "reference"``)."""
 
-    rule_for = env_attribute(env_id, "reference_rule")
     tokenizer, template = getattr(policy, "tokenizer", None), getattr(policy, "template", None)
-    if rule_for is None or tokenizer is None:
+    if tokenizer is None:
         raise ConfigError(
-            f"warm_start.source = 'reference' needs a reference_rule(task) in {env_id}'s module "
-            "and a policy with a tokenizer; use warm_start.source = 'self' (rejection sampling)"
+            "warm_start.source = 'reference' needs a policy with a tokenizer; use warm_start.source = "
+            "'self' (rejection sampling)"
         )
+    try:
+        _, rule_for = env_reference_rule(env_id, env_kwargs, rule)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"warm_start.source = 'reference': {exc}; or use warm_start.source = 'self'"
+        ) from None
     probe = make(env_id, **env_kwargs)
     try:
         tasks = {t.id: t for t in cast(ToolEnv, probe.unwrapped).tasks}

@@ -110,7 +110,9 @@ async def _make_warm_start(trainer: Any, make_env: Callable[[], Any], started: f
     ws = config.warm_start
     tools = warm_start_tools(config)
     policy_for = (
-        reference_demonstrator(config.env.id, dict(config.env.kwargs), trainer.policy)
+        reference_demonstrator(
+            config.env.id, dict(config.env.kwargs), trainer.policy, config.env.reference_rule
+        )
         if ws.source == "reference"
         else None
     )
@@ -312,7 +314,7 @@ def _hash_refusal(source: ReusedWarmStart, digest: str) -> str:
 #: What decides a warm start besides ``[warm_start]`` itself, its seed (:func:`warm_start_seed`) and
 #: the prompt's tools.
 WARM_START_KEYS = {
-    "env": ("id", "kwargs", "harness", "max_total_tokens", "task_limit", "task_ids"),
+    "env": ("id", "kwargs", "harness", "max_total_tokens", "task_limit", "task_ids", "reference_rule"),
     "policy": ("model",),
     "sampling": ("max_tokens",),
 }
@@ -335,6 +337,7 @@ def warm_start_identity(data: Mapping[str, Any]) -> dict[str, Any]:
     and ``seed``, and the seed the warm start used (:data:`SEED`, as :func:`warm_start_seed` gives it)."""
     ws = dict(data.get("warm_start", {}))
     out = {f"{s}.{k}": data.get(s, {}).get(k) for s, keys in WARM_START_KEYS.items() for k in keys}
+    out["env.reference_rule"] = out["env.reference_rule"] or ""  # a run from before the setting: its default
     out.update({f"warm_start.{k}": v for k, v in ws.items() if k not in ("reuse", "tools", "seed")})
     out[SEED] = ws["seed"] if ws.get("seed") is not None else data.get("train", {}).get("seed")
     return out

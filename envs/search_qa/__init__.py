@@ -34,7 +34,13 @@ from toolgym.envs.search_qa.data import (
 )
 from toolgym.envs.search_qa.env import DEFAULT_K, MAX_K, QUESTION_SETS, SNIPPET_CHARS, SearchQAEnv
 from toolgym.envs.search_qa.hard import build_hard_questions, hard_questions, select_copy_fails
-from toolgym.envs.search_qa.rules import baseline_rule, reference_rule, reformulating_rule
+from toolgym.envs.search_qa.rules import (
+    REFERENCE_RULES,
+    baseline_rule,
+    default_reference_rule,
+    reference_rule,
+    reformulating_rule,
+)
 from toolgym.envs.search_qa.verifier import METRICS, ExactMatchVerifier, f1_score, normalize_answer
 
 __all__ = [
@@ -43,6 +49,7 @@ __all__ = [
     "METRICS",
     "PROMPT",
     "QUESTION_SETS",
+    "REFERENCE_RULES",
     "SNIPPET_CHARS",
     "SPLIT_NAMESPACE",
     "TEST_FRACTION",
@@ -51,6 +58,7 @@ __all__ = [
     "baseline_rule",
     "build_hard_questions",
     "default_corpus",
+    "default_reference_rule",
     "default_questions",
     "f1_score",
     "hard_questions",

@@ -14,6 +14,7 @@ An ``http(s)://host:port`` id names an environment served by ``toolgym serve``
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "env_attribute",
     "env_creator",
     "env_ids",
+    "env_reference_rule",
     "is_remote_id",
     "make",
     "register_all",
@@ -171,3 +173,36 @@ def env_attribute(env_id: str, attribute: str) -> Any:
     entry_point = gymnasium.spec(env_id).entry_point
     module = entry_point.__module__ if not isinstance(entry_point, str) else entry_point.split(":")[0]
     return getattr(importlib.import_module(module), attribute, None)
+
+
+def env_reference_rule(env_id: str, env_kwargs: Mapping[str, Any], name: str = "") -> tuple[str, Any]:
+    """``(name, rule_for)``: the environment module's reference rule called ``name`` (``rule_for(task)``
+    gives a scripted demonstration of ``task``).
+
+    A module lists its rules in ``REFERENCE_RULES`` (name -> ``rule_for``) and may name the one for a
+    configuration in ``default_reference_rule(env_kwargs)`` (SearchQA: the reformulating rule for its
+    hard questions); a module with only a ``reference_rule`` has that one, called ``"reference"``.
+    ``name`` empty: the module's default, else its first rule.
+
+    Raises:
+        ConfigError: the module has no reference rule, or none called ``name`` (the ones it has named).
+    """
+    listed = env_attribute(env_id, "REFERENCE_RULES")
+    if listed is None:
+        single = env_attribute(env_id, "reference_rule")
+        listed = {"reference": single} if single is not None else {}
+    rules = dict(listed)
+    if not rules:
+        raise ConfigError(
+            f"{env_id}'s module has no reference rule (REFERENCE_RULES or reference_rule(task)): the warm "
+            "start's reference demonstrations and the reference task pool need one"
+        )
+    if not name:
+        pick = env_attribute(env_id, "default_reference_rule")
+        name = str(pick(dict(env_kwargs))) if pick is not None else next(iter(rules))
+    if name not in rules:
+        raise ConfigError(
+            f"env.reference_rule = {name!r}: {env_id} has no such reference rule.{did_you_mean(name, rules)} "
+            f"Its rules: {', '.join(rules)}"
+        )
+    return name, rules[name]

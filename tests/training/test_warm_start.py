@@ -343,3 +343,21 @@ async def test_a_warm_start_without_weights_on_disk_is_rebuilt_and_checked_by_it
     (export / "model.safetensors").unlink()
     with pytest.raises(ConfigError, match="nor a recorded weights hash to rebuild it against"):
         await warm_started(tmp_path / "f", f"warm_start.reuse='{tmp_path / 'a'}'")
+
+
+def test_the_reference_rule_a_run_uses_is_in_its_manifest_and_an_unknown_one_stops_it(tmp_path: Path) -> None:
+    from toolgym.training.step_log import write_train_manifest as write_manifest
+
+    hard = ["env.id='toolgym/SearchQA-v0'", "env.kwargs={ questions = 'hard' }"]
+    reference = ["warm_start.samples=1", "warm_start.source=reference"]
+    config = load_config(None, [*hard, *reference])
+    path = write_manifest(tmp_path, config, {}, ["t0"], model_dir=None, resuming=False)
+    assert json.loads(path.read_text())["run"]["reference_rule"] == "reformulate"
+    chosen = load_config(None, [*hard, *reference, "env.reference_rule=copy"])
+    path = write_manifest(tmp_path, chosen, {}, ["t0"], model_dir=None, resuming=False)
+    assert json.loads(path.read_text())["run"]["reference_rule"] == "copy"
+    unknown = load_config(None, [*hard, "train.task_pool=reference", "env.reference_rule=reformulating"])
+    with pytest.raises(ConfigError, match="Did you mean 'reformulate'"):
+        write_manifest(tmp_path, unknown, {}, ["t0"], model_dir=None, resuming=False)
+    plain = write_manifest(tmp_path, load_config(None, hard), {}, ["t0"], model_dir=None, resuming=False)
+    assert "reference_rule" not in json.loads(plain.read_text())["run"]  # no rule in use: none recorded

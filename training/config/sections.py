@@ -53,6 +53,11 @@ class EnvConfig:
             is its weight over the sum, before any adaptation (``[mixture]``).
         stages: this environment's curriculum stages in a mixture (tool names differ between
             environments; a single ``[env]`` uses ``[curriculum].stages``).
+        reference_rule: the scripted solver of the warm start's reference demonstrations
+            (``warm_start.source = "reference"``) and of the reference task pool
+            (``train.task_pool = "reference"``), by name (SearchQA: ``copy`` or ``reformulate``); empty,
+            the one the environment names for its configuration (SearchQA: ``reformulate`` for
+            ``questions = "hard"``, else ``copy``). Recorded in the run manifest.
     """
 
     id: str = "toolgym/SearchQA-v0"
@@ -64,6 +69,7 @@ class EnvConfig:
     name: str = ""
     weight: float = 1.0
     stages: tuple[tuple[str, ...], ...] = ()
+    reference_rule: str = ""
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -28,7 +28,7 @@ from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError
-from toolgym.registry import env_attribute, make
+from toolgym.registry import env_reference_rule, make
 from toolgym.run_files import write_atomic
 from toolgym.training.learn.grpo import informative
 
@@ -78,6 +78,7 @@ async def reference_pool(
     env_kwargs: Mapping[str, Any],
     task_ids: Sequence[str],
     *,
+    rule: str = "",
     min_reward: float,
     max_tokens: int,
     max_total_tokens: int,
@@ -100,12 +101,10 @@ async def reference_pool(
     """
     import asyncio
 
-    rule_for = env_attribute(env_id, "reference_rule")
-    if rule_for is None:
-        raise ConfigError(
-            f"train.task_pool = 'reference' needs a reference_rule(task) in {env_id}'s module; use "
-            "train.task_pool = 'all'"
-        )
+    try:
+        _, rule_for = env_reference_rule(env_id, env_kwargs, rule)
+    except ConfigError as exc:
+        raise ConfigError(f"train.task_pool = 'reference': {exc}; or use train.task_pool = 'all'") from None
     envs = [make(env_id, **dict(env_kwargs)) for _ in range(concurrency)]
     try:
         tasks = {t.id: t for t in cast(ToolEnv, envs[0].unwrapped).tasks}
@@ -170,6 +169,7 @@ async def task_pool(
                 env.id,
                 env.kwargs,
                 task_ids,
+                rule=env.reference_rule,
                 min_reward=tc.task_pool_min_reward,
                 max_tokens=config.sampling.max_tokens,
                 max_total_tokens=env.max_total_tokens,

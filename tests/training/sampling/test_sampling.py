@@ -161,7 +161,7 @@ def test_the_reference_pool_needs_a_reference_rule() -> None:
 
     from toolgym.training.sampling.task_filter import reference_pool
 
-    with pytest.raises(ConfigError, match="needs a reference_rule"):
+    with pytest.raises(ConfigError, match="train.task_pool = 'reference': .* has no reference rule"):
         asyncio.run(
             reference_pool(
                 "toy_env:toolgym-test/Letters-v0",
@@ -195,3 +195,53 @@ def test_progress_prints_lines_when_not_on_a_terminal() -> None:
     assert quiet.getvalue() == ""
     RunProgress(quiet, terminal=True).warn("left out")  # a warning is shown on a terminal too
     assert quiet.getvalue().rstrip().endswith("WARNING: left out")
+
+
+def test_the_reference_rule_is_named_by_the_environment_or_chosen_by_name() -> None:
+    """SearchQA names the reformulating rule for its hard questions (the copy rule solves 0.6 % of
+    them), the copy rule otherwise; ``env.reference_rule`` chooses; an unknown name is refused with the
+    ones that exist; a module with only ``reference_rule`` has that one."""
+    from toolgym.envs.search_qa import reference_rule, reformulating_rule
+    from toolgym.registry import env_reference_rule
+
+    search = "toolgym/SearchQA-v0"
+    assert env_reference_rule(search, {}) == ("copy", reference_rule)
+    assert env_reference_rule(search, {"questions": "hard"}) == ("reformulate", reformulating_rule)
+    assert env_reference_rule(search, {"questions": "hard"}, "copy") == ("copy", reference_rule)
+    with pytest.raises(
+        ConfigError,
+        match=r"no such reference rule\. Did you mean 'reformulate'\? Its rules: copy, reformulate",
+    ):
+        env_reference_rule(search, {}, "reformulat")
+    assert env_reference_rule("toolgym/ArxivRefs-v0", {})[0] == "reference"
+
+
+def test_the_hard_questions_reference_pool_is_the_reformulating_rules() -> None:
+    """On hard questions the default rule's pool holds every task; the copy rule's holds almost none."""
+    import asyncio
+
+    import gymnasium
+
+    from toolgym.training.sampling.task_filter import reference_pool
+
+    kwargs = {"questions": "hard", "split": "train"}
+    env = gymnasium.make("toolgym/SearchQA-v0", **kwargs)
+    ids = [t.id for t in env.unwrapped.tasks[:12]]
+    env.close()
+
+    def pool(rule: str) -> list[str]:
+        return asyncio.run(
+            reference_pool(
+                "toolgym/SearchQA-v0",
+                kwargs,
+                ids,
+                rule=rule,
+                min_reward=0.5,
+                max_tokens=2048,
+                max_total_tokens=1 << 17,
+            )
+        )
+
+    assert pool("") == ids
+    with pytest.raises(ConfigError, match="solves none of the 12 training tasks"):
+        pool("copy")
