@@ -84,7 +84,12 @@ def _retriever(shared: _Shared, settings: RetrieverSettings) -> Any:
 
 
 #: How search_papers' description names its ranking, per retriever (v0's bm25 text is unchanged).
-_RANKING = {"bm25": "BM25", "dense": "dense retrieval", "hybrid": "BM25 and dense retrieval fused"}
+_RANKING = {
+    "bm25": "BM25",
+    "dense": "dense retrieval",
+    "hybrid": "BM25 and dense retrieval fused",
+    "random": "BM25",  # a control the model is not told about: the prompt stays the real retriever's
+}
 
 
 # ----------------------------------------------------------------------------- environment

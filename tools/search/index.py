@@ -259,6 +259,14 @@ class Index:
             self._check(query, k)
         return [self._hits(found, k) for found in self._ranker.top_k_batch(list(queries), k, threads)]
 
+    def doc_id_at(self, position: int) -> str:
+        """The id of the collection's ``position``-th document (0 to ``len(self) - 1``)."""
+        ids = self._store.ids
+        assert ids is not None
+        if not 0 <= position < self._n_docs:
+            raise IndexError(f"document position {position} outside 0..{self._n_docs - 1}")
+        return str(ids.get(position))
+
     def get(self, doc_id: str) -> dict[str, str]:
         """The stored document ``{"id", "title", "text"}``.
 

@@ -29,7 +29,7 @@ from toolgym.tools.search.index_build import build_command, build_index
 
 __all__ = ["RETRIEVERS", "RetrieverSettings", "open_retriever", "retriever_command"]
 
-RETRIEVERS = ("bm25", "dense", "hybrid")
+RETRIEVERS = ("bm25", "dense", "hybrid", "random")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class RetrieverSettings:
     """Which retriever answers searches, and how.
 
     Attributes:
-        retriever: ``"bm25"``, ``"dense"`` or ``"hybrid"``.
+        retriever: ``"bm25"``, ``"dense"``, ``"hybrid"``, or ``"random"``: a control that answers every
+            query with random documents of the collection (:mod:`toolgym.tools.search.random_index`).
         backend: The BM25 backend (``"default"`` or ``"pyserini"``) of ``bm25`` and ``hybrid``.
         dense: The dense index's settings (encoder, prefixes, dtype, HNSW) of ``dense`` and ``hybrid``.
         fusion: How ``hybrid`` fuses the two rankings.
@@ -92,6 +93,10 @@ def open_retriever(docs: Callable[[], Iterable[dict[str, Any]]], settings: Retri
     """
     if settings.retriever == "bm25":
         return build_index(docs(), backend=settings.backend)
+    if settings.retriever == "random":
+        from toolgym.tools.search.random_index import RandomIndex
+
+        return RandomIndex(build_index(docs(), backend=settings.backend))
     dense = build_index(docs(), backend="dense", dense=settings.dense)
     if settings.retriever == "dense":
         return dense
@@ -104,7 +109,7 @@ def retriever_command(corpus: Path, settings: RetrieverSettings, out: Path | Non
     ``hybrid`` builds two indexes: with ``out``, as ``out/bm25`` and ``out/dense``.
     """
     paths = []
-    if settings.retriever in ("bm25", "hybrid"):
+    if settings.retriever in ("bm25", "hybrid", "random"):  # random draws from a BM25 index's collection
         target = out / "bm25" if out is not None and settings.retriever == "hybrid" else out
         paths.append(build_command(corpus, settings.backend, target))
     if settings.retriever in ("dense", "hybrid"):

@@ -95,3 +95,36 @@ def test_index_build_command_builds_each_retriever(small_data, tiny_encoder, tmp
     assert (
         f"index ready: {tmp_path / 'h' / 'bm25'}" in out and f"index ready: {tmp_path / 'h' / 'dense'}" in out
     )
+
+
+def test_the_random_retriever_shows_a_gold_document_no_more_often_than_chance() -> None:
+    """The control retriever (``retriever="random"``): k documents of the collection for any query,
+    one answer per query, the same prompt as BM25's, a manifest no BM25 run pairs with unasked."""
+    import gymnasium
+
+    import toolgym  # noqa: F401
+
+    env = gymnasium.make("toolgym/SearchQA-v0", split="test", retriever="random")
+    bm25 = gymnasium.make("toolgym/SearchQA-v0", split="test")
+    try:
+        index, tasks = env.unwrapped.index, env.unwrapped.tasks
+        shown = sum(
+            any(h.doc_id == t.metadata["gold_doc"] for h in index.search(t.metadata["question"], 3))
+            for t in tasks
+        )
+        chance = 3 * len(tasks) / len(index)  # 0.08 of 266 questions over 10,273 documents
+        assert shown <= 3 and chance < 0.1, (shown, chance)  # BM25 shows it for 1,132 of 1,190 questions
+        first = index.search("Super Bowl 50", 3)
+        assert first == index.search("Super Bowl 50", 3) and first != index.search("Super Bowl", 3)
+        assert len(first) == 3 and index.get(first[0].doc_id)["id"] == first[0].doc_id  # open works
+        _, real = bm25.reset(seed=0)
+        _, control = env.reset(seed=0)
+        assert control["tools"] == real["tools"]  # the model is not told it searches at random
+        differences = manifest_differences(
+            {"env": env_fingerprint(env.unwrapped, "toolgym/SearchQA-v0", {"retriever": "random"})},
+            {"env": env_fingerprint(bm25.unwrapped, "toolgym/SearchQA-v0", {})},
+        )
+        assert any(d.startswith("env.provenance.index") for d in differences), differences
+    finally:
+        env.close()
+        bm25.close()
