@@ -45,10 +45,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -83,6 +83,7 @@ from toolgym.training.progress import RunProgress
 from toolgym.training.sampling.collect import StepCollector
 from toolgym.training.sampling.curriculum import ToolCurriculum
 from toolgym.training.sampling.mixture import MixtureSampler, mixture_metrics, observe_curricula, probe_env
+from toolgym.training.sampling.reward_control import shuffled_references
 from toolgym.training.sampling.task_filter import PassRateFilter, task_pool
 from toolgym.training.sampling.workers import EnvRoute, Group, RolloutWorkers, env_factory
 from toolgym.training.step_log import (
@@ -197,6 +198,16 @@ class Trainer:
         self.collector = StepCollector(config, self.progress)
         self.guard = StepGuard(self.run_dir, tc.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}
+        if tc.reward_control == "shuffled":  # refused here, before any rollout or warm start
+            try:
+                if config.is_mixture:
+                    raise ConfigError(
+                        "train.reward_control = 'shuffled' is for a run on one environment, not a mixture"
+                    )
+                shuffled_references(self.task_ids, tc.seed)
+            except ConfigError:
+                self.close()
+                raise
 
     def _start_policy(self) -> TrainablePolicy | ServedPolicy:
         """Build the config's policy; record the processes it started (a private per-user record, see
@@ -337,7 +348,7 @@ class Trainer:
             release()
             raise
         routes = [
-            EnvRoute(make, harness, curriculum.reset_options, env.max_total_tokens)
+            EnvRoute(make, harness, self._options_for(curriculum), env.max_total_tokens)
             for (make, _), harness, curriculum, env in zip(
                 factories, self.harnesses, self.curricula, self.config.envs, strict=True
             )
@@ -416,6 +427,14 @@ class Trainer:
             finally:
                 release()
         return history
+
+    def _options_for(self, curriculum: Any) -> Callable[[str], dict[str, Any]]:
+        """A training episode's reset options: the curriculum's, and with ``train.reward_control =
+        "shuffled"`` the task whose reference scores it (:mod:`toolgym.training.sampling.reward_control`)."""
+        if self.config.train.reward_control != "shuffled":
+            return cast(Callable[[str], dict[str, Any]], curriculum.reset_options)
+        score_as = shuffled_references(self.task_ids, self.config.train.seed)
+        return lambda task_id: {**curriculum.reset_options(task_id), "score_as": score_as[task_id]}
 
     async def _learn(self, groups: Sequence[Group], workers: RolloutWorkers | None = None) -> StepResult:
         """Steps 2-3: plan and accumulate the gradient (in a thread, the workers keep sampling), then

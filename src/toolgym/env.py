@@ -23,7 +23,9 @@ Episode protocol:
       message holding the new tools' schemas, ``info["unlocked"]`` lists them (``tool``, ``turn``,
       ``mode``), and the episode's metrics record ``tool/<name>/unlocked_turn`` and ``env/unlocks``.
       Earlier messages are never changed, so the tokens sampled so far stay exact.
-    * The reward is the verifier's, computed once, at the terminal step.
+    * The reward is the verifier's, computed once, at the terminal step. ``options["score_as"]`` (a
+      task id; the shuffled-rewards control, ``train.reward_control``) scores the episode against that
+      task's reference instead of its own.
 
 Failures (the rule is in :mod:`toolgym.errors`). :meth:`ToolEnv._run_tool` and
 :meth:`ToolEnv._ascore` are the one boundary between an episode and what can fail under it:
@@ -48,6 +50,7 @@ event loop owned by the environment.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -164,6 +167,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
         self._done = True
         self._metrics: dict[str, float] = {}
         self._tool_log: list[ToolUse] = []  # the episode's non-terminal calls (tool_use_metrics)
+        self._score_as: Task | None = None  # options["score_as"]: the task whose reference scores it
         self._closed = False
 
     # ----------------------------------------------------------------- subclass hooks
@@ -227,7 +231,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             raise ToolgymError("this environment is closed; make a new one")
         await self.close_episode()
         options = dict(options or {})
-        known = ["task_id", "task_index", "tools", "unlocks", "call_format"]
+        known = ["task_id", "task_index", "tools", "unlocks", "call_format", "score_as"]
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise ConfigError(
@@ -236,6 +240,7 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             )
         self._calls = get_call_format(options.get("call_format", HERMES.name))
         self._task = self._choose_task(options)
+        self._score_as = self._scoring_task(options["score_as"]) if "score_as" in options else None
         tools = {t.name: t for t in await self.episode_tools(self._task)}
         allowed = self._restrict(tools, options.get("tools"))
         rules = parse_rules(options["unlocks"]) if "unlocks" in options else ()
@@ -462,12 +467,20 @@ class ToolEnv(gymnasium.Env[list[Message], str]):
             return True, parsed.content
         return False, None
 
+    def _scoring_task(self, task_id: Any) -> Task:
+        """The task whose reference scores this episode (``options["score_as"]``, the shuffled-rewards
+        control): this episode's task with that task's reference."""
+        others = {t.id: t for t in self.tasks}
+        if not isinstance(task_id, str) or task_id not in others:
+            raise ConfigError(f"reset option score_as = {task_id!r} is not a task of this environment")
+        return dataclasses.replace(self.task, reference=others[task_id].reference)
+
     async def _ascore(self, answer: Any) -> Score:
         """The verifier's score; its infrastructure failures are retried, its bugs raise at once."""
         verifier = self.verifier
         if verifier is None:
             raise ConfigError(f"{type(self).__name__} has no verifier")
-        task, history = self.task, self.history
+        task, history = self._score_as or self.task, self.history
 
         async def attempt() -> Score:
             return verifier.score(task, answer, history)

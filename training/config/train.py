@@ -35,6 +35,7 @@ __all__ = [
     "SCHEDULES",
     "SHARDS",
     "TASK_FILTERS",
+    "REWARD_CONTROLS",
     "TASK_POOLS",
     "BatchingConfig",
     "LearnersConfig",
@@ -62,6 +63,8 @@ LEARNER_NODES = ("trainer", "any")
 #: Train-split task selection (``train.task_filter``, while training; ``train.task_pool``, before).
 TASK_FILTERS = ("none", "pass_rate")
 TASK_POOLS = ("all", "reference")
+#: What the training rewards are scored against (``train.reward_control``).
+REWARD_CONTROLS = ("none", "shuffled")
 
 
 def _at_least(table: object, prefix: str, minimum: int, *names: str) -> None:
@@ -331,6 +334,11 @@ class TrainConfig:
             ``reference_rule`` solves at ``task_pool_min_reward`` (decided once, model-free, before
             training; the warm start still draws from all of them).
         task_pool_min_reward: the reward a reference demonstration must reach for its task to stay.
+        reward_control: ``none``, or ``shuffled``: a control arm whose training episodes are each
+            scored against another training task's reference (a seeded permutation of the training
+            tasks with no task left in place, :mod:`toolgym.training.sampling.reward_control`), so its
+            rewards carry no information about the task; held-out evaluations are never shuffled.
+            One environment of two or more training tasks.
         max_infra_groups: consecutive groups whose every sample is ``infra_error`` (retries included)
             after which the run stops with a message (the infrastructure is down); it resumes from its
             last checkpoint.
@@ -362,6 +370,7 @@ class TrainConfig:
     task_filter: str = "none"
     task_pool: str = "all"
     task_pool_min_reward: float = 0.5
+    reward_control: str = "none"
     max_infra_groups: int = 4
     max_nonfinite_steps: int = 3
     loggers: tuple[str, ...] = ()
@@ -381,6 +390,7 @@ class TrainConfig:
                 "train.group_size must be >= 2: group-relative advantages need at least two samples"
             )
         check_choice("train.task_pool", self.task_pool, TASK_POOLS)
+        check_choice("train.reward_control", self.reward_control, REWARD_CONTROLS)
         check_choice("train.task_filter", self.task_filter, TASK_FILTERS)
         if self.dynamic_sampling and 0 < self.max_groups_per_step < self.tasks_per_step:
             raise ConfigError(

@@ -245,3 +245,64 @@ def test_the_hard_questions_reference_pool_is_the_reformulating_rules() -> None:
     assert pool("") == ids
     with pytest.raises(ConfigError, match="solves none of the 12 training tasks"):
         pool("copy")
+
+
+def test_shuffled_references_are_a_seeded_permutation_with_no_fixed_point() -> None:
+    from toolgym.training.sampling.reward_control import shuffled_references
+
+    ids = [f"t{i}" for i in range(50)]
+    mapping = shuffled_references(ids, seed=0)
+    assert sorted(mapping) == sorted(mapping.values()) == sorted(ids)  # a permutation
+    assert all(k != v for k, v in mapping.items())  # no task scored against its own reference
+    assert mapping == shuffled_references(list(reversed(ids)), seed=0)  # the order given does not matter
+    assert mapping != shuffled_references(ids, seed=1)
+    assert shuffled_references(["a", "b"], seed=3) == {"a": "b", "b": "a"}
+    with pytest.raises(ConfigError, match="needs two or more training tasks"):
+        shuffled_references(["only"], seed=0)
+
+
+def test_an_episode_scored_as_another_task_gets_that_tasks_reward() -> None:
+    """The environment's ``score_as`` reset option: the episode is task A's, its reward B's reference's."""
+    import gymnasium
+
+    import toolgym  # noqa: F401
+    from toolgym.parsing import format_tool_call
+
+    env = gymnasium.make("toolgym/SearchQA-v0", split="test")
+    try:
+        a, b = env.unwrapped.tasks[:2]
+        answer = format_tool_call("answer", {"answer": a.reference[0]})
+        env.reset(seed=0, options={"task_id": a.id})
+        assert env.step(answer)[1] == 1.0
+        obs, _ = env.reset(seed=0, options={"task_id": a.id, "score_as": b.id})
+        assert a.metadata["question"] in obs[-1]["content"]  # still task A's episode
+        assert env.step(answer)[1] < 1.0
+        env.reset(seed=0, options={"task_id": a.id, "score_as": b.id})
+        assert env.step(format_tool_call("answer", {"answer": b.reference[0]}))[1] == 1.0
+        with pytest.raises(ConfigError, match="score_as = 'nope' is not a task"):
+            env.reset(seed=0, options={"task_id": a.id, "score_as": "nope"})
+    finally:
+        env.close()
+
+
+async def test_a_shuffled_rewards_run_scores_each_task_against_another(tmp_path: Path) -> None:
+    """``train.reward_control = "shuffled"`` on two tasks: the word task is scored as the flat task (0.5
+    whatever it answers), the flat task by the letters rule; a run of one task is refused at start."""
+    overrides = [
+        *tiny_overrides(steps=2, tasks_per_step=2, group_size=2),
+        "env.kwargs={ n_tasks = 1, flat_tasks = 1 }",
+        "train.reward_control=shuffled",
+    ]
+    await _run(tmp_path / "run", overrides)
+    rewards: dict[str, set[float]] = {}
+    for r in _records(tmp_path / "run"):
+        rewards.setdefault(r["trajectory"]["task_id"], set()).add(r["trajectory"]["reward"])
+    assert rewards["w0"] == {0.5}, rewards  # scored against f0's reference
+    assert rewards["f0"] != {0.5}, rewards  # scored by the letters share of its answers
+    with pytest.raises(ConfigError, match="needs two or more training tasks"):
+        Trainer(
+            load_config(
+                None, [*overrides[:-2], "env.kwargs={ n_tasks = 1 }", "train.reward_control=shuffled"]
+            ),
+            tmp_path / "one",
+        )
