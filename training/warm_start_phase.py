@@ -41,6 +41,7 @@ __all__ = [
     "reuse_warm_start",
     "reused_warm_start",
     "run_warm_start",
+    "warm_start_env_kwargs",
     "warm_start_identity",
     "warm_start_seed",
     "warm_start_tools",
@@ -106,29 +107,37 @@ async def _make_warm_start(trainer: Any, make_env: Callable[[], Any], started: f
     """Sample the demonstrations and fine-tune ``trainer.model`` on the kept ones."""
     import asyncio
 
+    from toolgym.training.sampling.workers import env_factory
+
     config = trainer.config
     ws = config.warm_start
     tools = warm_start_tools(config)
+    kwargs = warm_start_env_kwargs(config)
     policy_for = (
-        reference_demonstrator(
-            config.env.id, dict(config.env.kwargs), trainer.policy, config.env.reference_rule
-        )
+        reference_demonstrator(config.env.id, kwargs, trainer.policy, config.env.reference_rule)
         if ws.source == "reference"
         else None
     )
-    with trainer.progress.task(f"warm start ({ws.source}): episodes") as bar:
-        episodes, kept = await rejection_sample(
-            make_env,
-            trainer.policy,
-            trainer.harness,
-            trainer.task_ids,
-            dataclasses.replace(ws, tools=tuple(tools)),
-            seed=warm_start_seed(config) + 1_000_003,
-            max_tokens=config.sampling.max_tokens,
-            max_total_tokens=config.env.max_total_tokens,
-            progress=lambda done, total: bar.update(done, total=total),
-            policy_for=policy_for,
-        )
+    free = None
+    if ws.kwargs:  # its own environments: the run's kwargs with warm_start.kwargs over them
+        make_env, free = env_factory("asyncio", config.env.id, kwargs)
+    try:
+        with trainer.progress.task(f"warm start ({ws.source}): episodes") as bar:
+            episodes, kept = await rejection_sample(
+                make_env,
+                trainer.policy,
+                trainer.harness,
+                trainer.task_ids,
+                dataclasses.replace(ws, tools=tuple(tools)),
+                seed=warm_start_seed(config) + 1_000_003,
+                max_tokens=config.sampling.max_tokens,
+                max_total_tokens=config.env.max_total_tokens,
+                progress=lambda done, total: bar.update(done, total=total),
+                policy_for=policy_for,
+            )
+    finally:
+        if free is not None:
+            free()
     trainer.progress.line(f"warm start: kept {len(kept)} of {len(episodes)} episodes; fine-tuning")
     with (
         base_weights_trainable(trainer.model),  # a full fine-tune, adapters or not
@@ -333,14 +342,23 @@ def warm_start_seed(config: Any) -> int:
 def warm_start_identity(data: Mapping[str, Any]) -> dict[str, Any]:
     """What decides a warm start, by name, from a config as plain data (``to_dict``, or a run's stored
     ``config.json``, where a setting added since may be missing): :data:`WARM_START_KEYS`, every
-    ``[warm_start]`` setting but ``reuse``, ``tools`` (the prompt's tools are compared on their own)
-    and ``seed``, and the seed the warm start used (:data:`SEED`, as :func:`warm_start_seed` gives it)."""
+    ``[warm_start]`` setting but ``reuse``, ``tools`` (the prompt's tools are compared on their own),
+    ``seed`` and ``kwargs`` (folded into ``env.kwargs``: the kwargs it sampled with,
+    :func:`warm_start_env_kwargs`), and the seed the warm start used (:data:`SEED`, as
+    :func:`warm_start_seed` gives it)."""
     ws = dict(data.get("warm_start", {}))
     out = {f"{s}.{k}": data.get(s, {}).get(k) for s, keys in WARM_START_KEYS.items() for k in keys}
+    out["env.kwargs"] = {**dict(out["env.kwargs"] or {}), **dict(ws.get("kwargs") or {})}  # as it sampled
     out["env.reference_rule"] = out["env.reference_rule"] or ""  # a run from before the setting: its default
-    out.update({f"warm_start.{k}": v for k, v in ws.items() if k not in ("reuse", "tools", "seed")})
+    out.update({f"warm_start.{k}": v for k, v in ws.items() if k not in ("reuse", "tools", "seed", "kwargs")})
     out[SEED] = ws["seed"] if ws.get("seed") is not None else data.get("train", {}).get("seed")
     return out
+
+
+def warm_start_env_kwargs(config: Any) -> dict[str, Any]:
+    """The environment keyword arguments the warm start samples with: ``env.kwargs``, with
+    ``warm_start.kwargs`` over them."""
+    return {**dict(config.env.kwargs), **dict(config.warm_start.kwargs)}
 
 
 def warm_start_tools(config: Any) -> tuple[str, ...]:

@@ -245,6 +245,10 @@ class WarmStartConfig:
             recorded (``warm_start.json``'s ``weights_sha256``), or the run stops before its first
             checkpoint. Refused, with the fields named, unless that run's environment, policy model and
             ``[warm_start]`` settings (``reuse`` aside) equal this config's.
+        kwargs: environment keyword arguments layered over ``env.kwargs`` while the warm start samples
+            (and in what decides it): a control arm that trains on another retriever
+            (``env.kwargs.retriever = "random"``) shares the warm start made on the real one with
+            ``warm_start.kwargs = { retriever = "bm25" }``.
         seed: the warm start's own seed (which tasks, the demonstrations' sampling, the fine-tune's
             order); unset, ``train.seed``. Set it to train RL with another ``train.seed`` from one warm
             start: ``train.seed = 1``, ``warm_start.seed = 0``, ``warm_start.reuse = RUN``.
@@ -263,6 +267,7 @@ class WarmStartConfig:
     concurrency: int = 8
     reuse: str = ""
     seed: int | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):

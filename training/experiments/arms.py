@@ -315,11 +315,20 @@ def _differences(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[tup
         value = flat.get(key)
         return None if value == {} else value
 
-    return [
-        (k, get(ours, k), get(theirs, k))
-        for k in sorted(set(ours) | set(theirs))
-        if get(ours, k) != get(theirs, k)
-    ]
+    out: list[tuple[str, Any, Any]] = []
+    for k in sorted(set(ours) | set(theirs)):
+        a, b = get(ours, k), get(theirs, k)
+        if a == b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):  # a table: name the keys that differ in it
+            out.extend(
+                (f"{k}.{sub}", a.get(sub), b.get(sub))
+                for sub in sorted(set(a) | set(b))
+                if a.get(sub) != b.get(sub)
+            )
+        else:
+            out.append((k, a, b))
+    return out
 
 
 def _why(key: str) -> str:

@@ -99,7 +99,29 @@ def test_settings_layer_base_shared_command_line_then_arm(tmp_path: Path) -> Non
 
 
 def test_the_shipped_arms_files_plan_without_loading_a_model() -> None:
-    assert set(shipped_arms()) == {"curriculum", "compaction", "mixtures", "compaction-gpu", "mixtures-gpu"}
+    assert set(shipped_arms()) == {
+        "curriculum",
+        "compaction",
+        "mixtures",
+        "compaction-gpu",
+        "mixtures-gpu",
+        "controls",
+    }
+    controls = plan_arms("controls", None, [], "runs/x")
+    assert controls.names == ["rl", "random-retriever", "no-update", "no-search", "shuffled-rewards"]
+    assert controls.warm_start_from == "rl" and controls.spec.baseline == "random-retriever"
+    random_arm = controls.configs["random-retriever"]
+    assert random_arm.env.kwargs["retriever"] == "random" and random_arm.warm_start.reuse == "runs/x/rl"
+    # every arm's warm start samples, and its held-out set searches, with the real retriever
+    assert all(c.warm_start.kwargs["retriever"] == "bm25" for c in controls.configs.values())
+    assert all(c.heldout.kwargs["retriever"] == "bm25" for c in controls.configs.values())
+    assert controls.configs["shuffled-rewards"].train.reward_control == "shuffled"
+    assert controls.configs["no-search"].curriculum.stages == (("answer",),)
+    # without warm_start.kwargs the random-retriever arm would need a warm start of its own: refused
+    with pytest.raises(
+        ConfigError, match=r"arm 'random-retriever' changes what decides the warm start .*retriever"
+    ):
+        plan_arms("controls", None, ["warm_start.kwargs={}"], "runs/x")
     curriculum = plan_arms("curriculum", None, [], "runs/c")
     assert curriculum.names == ["progressive", "all-tools", "in-episode"]
     assert curriculum.warm_start_from == "progressive"
@@ -873,3 +895,47 @@ def test_a_set_resumes_after_toolgym_gained_a_setting_left_at_its_default(tmp_pa
     plan_arms(path, None, TINY, out)  # the new setting sits at its default: nothing changed
     with pytest.raises(ConfigError, match=r"arm 'a' in .* was started with other settings: heldout.env"):
         plan_arms(path, None, [*TINY, "heldout.env=Letters-v0"], out)  # not at its default: refused
+
+
+@pytest.mark.slow
+def test_the_controls_set_trains_every_arm_from_one_warm_start(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A two-step smoke of the shipped controls set on the tiny policy (SearchQA's hard questions, no
+    held-out evaluation): one warm start made on the real retriever and loaded by every arm, the
+    random retriever, shuffled rewards and no search each where its arm says."""
+    _in_this_process(monkeypatch)
+    _export_step_zero(monkeypatch)
+    out = tmp_path / "controls"
+    tiny = ["policy.kind=tiny", "policy.hidden=32", "sampling.max_tokens=200", "env.max_total_tokens=8192"]
+    small = ["train.steps=2", "train.tasks_per_step=1", "train.group_size=2", "train.dynamic_sampling=false"]
+    rest = ["train.rollouts.max_off_policy_steps=0", "train.rollouts.workers=2", "warm_start.tasks=2"]
+    assert (
+        main(
+            [
+                "train",
+                "--arms",
+                "controls",
+                "--out",
+                str(out),
+                *tiny,
+                *small,
+                *rest,
+                "heldout.n=0",
+                "heldout.every=0",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    arms = ["rl", "random-retriever", "no-update", "no-search", "shuffled-rewards"]
+    assert all(json.loads((out / a / "arm.json").read_text())["status"] == "complete" for a in arms)
+    warm = [json.loads((out / a / "warm_start.json").read_text()) for a in arms]
+    assert warm[0]["kept"] > 0 and all(w["weights_sha256"] == warm[0]["weights_sha256"] for w in warm)
+    assert printed.count("warm start: reused") == 4
+    manifests = {a: json.loads((out / a / "manifest.json").read_text()) for a in arms}
+    assert manifests["random-retriever"]["env"]["provenance"]["index"]["retriever"] == "random"
+    assert "retriever" not in manifests["rl"]["env"]["provenance"]["index"]  # BM25's own provenance
+    config = {a: json.loads((out / a / "config.json").read_text()) for a in arms}
+    assert config["shuffled-rewards"]["train"]["reward_control"] == "shuffled"
+    steps = {a: [json.loads(x) for x in (out / a / "metrics.jsonl").read_text().splitlines()] for a in arms}
+    assert all(len(rows) == 2 and "use/searched" in rows[0] for rows in steps.values())
+    assert "tool/search/calls" not in steps["no-search"][0] and "tool/search/calls" in steps["rl"][0]
