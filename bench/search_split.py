@@ -5,7 +5,7 @@ Usage::
     python bench/search_split.py [--sets xquad,hard] [--splits train,test] [--n N] [--json FILE]
 
 For each question set (``questions="xquad"``, the default XQuAD questions, and ``questions="hard"``,
-built so that the question's own words fail: :mod:`toolgym.envs.search_qa.hard`) and split, two
+built so that the question's own words fail: :mod:`toolgym.envs.search_qa.hard`) and split, three
 scripted rules play every question through the environment (``toolgym/SearchQA-v0`` with its defaults:
 3 results a search, 6 turns, the worked example; the ``bare`` track):
 
@@ -15,9 +15,13 @@ scripted rules play every question through the environment (``toolgym/SearchQA-v
   (a part of it, or a name a first search showed), open the gold document if it was shown without the
   answer, answer with a gold answer shown (on XQuAD questions its only hop is the question itself).
 
-Per cell: EM and F1 (the verifier's), **gold shown** (the gold document's id appeared in a tool result),
-**answer shown** (a gold answer appeared in a tool result, SQuAD words), searches per episode, and the
-share of searches whose query is not the question. A second table splits the hard set's rows by
+* **scripted** — :func:`~toolgym.envs.search_qa.baseline_rule` (``toolgym eval --policy scripted``):
+  search the question, answer with the top hit's title (no reference).
+
+Per cell: EM and F1 (the verifier's) and the environment's own tool-use measures (``use/*``,
+:mod:`toolgym.tool_use`): **gold shown** (the gold document's id appeared in a tool result), **answer
+shown** (a gold answer appeared in a tool result, SQuAD words), searches per episode, the queries'
+word overlap with the question, and the share of episodes with a reformulated query (overlap < 0.8). A second table splits the hard set's rows by
 construction (bridge, chain, year). ``--n`` takes the first N questions of each cell (a smoke run).
 Model rows (the base model, a warm start) are runs of ``toolgym eval`` on the same env arguments.
 """
@@ -40,50 +44,31 @@ from toolgym.agents.harness import get_harness
 from toolgym.agents.policies.base import RulePolicy
 from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams, Task, Trajectory
-from toolgym.envs.search_qa import reference_rule, reformulating_rule
-from toolgym.envs.search_qa.hard import shown_answer
+from toolgym.envs.search_qa import baseline_rule, reference_rule, reformulating_rule
 
 ENV_ID = "toolgym/SearchQA-v0"
 RULES: dict[str, Callable[[Task], Callable[[str], str]]] = {
     "copy": reference_rule,
     "reformulate": reformulating_rule,
+    "scripted": lambda task: baseline_rule(),  # toolgym eval --policy scripted: the top hit's title
 }
 # Rules write whole calls; the byte tokenizer counts bytes: budgets large enough never to cut a turn.
 SAMPLING = SamplingParams(max_tokens=2048)
 MAX_TOTAL_TOKENS = 1 << 17
 
 
-def _episode(task: Task, trajectory: Trajectory) -> list[dict[str, Any]]:
-    """The messages after the task's own prompt (the worked example before it is not the episode's)."""
-    messages = list(trajectory.messages)
-    starts = [i for i, m in enumerate(messages) if m["role"] == "user" and m["content"] == task.prompt]
-    return messages[starts[-1] + 1 :] if starts else messages
-
-
-def _searches(messages: Sequence[dict[str, Any]]) -> list[str]:
-    queries = []
-    for message in messages:
-        if message["role"] != "assistant" or '"name": "search"' not in message["content"]:
-            continue
-        body = message["content"].split("<tool_call>", 1)[-1].rsplit("</tool_call>", 1)[0]
-        queries.append(str(json.loads(body)["arguments"]["query"]))
-    return queries
-
-
 def _episode_row(task: Task, trajectory: Trajectory) -> dict[str, Any]:
-    messages = _episode(task, trajectory)
-    tool_text = "\n".join(m["content"] for m in messages if m["role"] == "tool")
-    golds = [str(g) for g in task.reference]
-    question = str(task.metadata["question"])
-    queries = _searches(messages)
+    """One episode's figures: the verifier's scores and the environment's own tool-use measures."""
+    m = trajectory.metrics
     return {
         "template": task.metadata.get("template", "xquad"),
-        "em": trajectory.metrics["reward/em"],
-        "f1": trajectory.metrics["reward/f1"],
-        "gold_shown": float(f"[{task.metadata['gold_doc']}]" in tool_text),
-        "answer_shown": float(shown_answer(tool_text, golds) is not None),
-        "searches": float(len(queries)),
-        "reformulated": [q.strip() != question.strip() for q in queries],
+        "em": m["reward/em"],
+        "f1": m["reward/f1"],
+        "gold_shown": m["use/gold_doc_shown"],
+        "answer_shown": m["use/answer_shown"],
+        "searches": m["use/searches"],
+        "overlap": m.get("use/query_overlap", 1.0),  # no search: nothing reformulated
+        "reformulated": m.get("use/reformulated", 0.0),
         "status": trajectory.status,
     }
 
@@ -108,7 +93,6 @@ async def _play(
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    queries = [r for row in rows for r in row["reformulated"]]
     return {
         "n": float(len(rows)),
         "em": statistics.fmean(r["em"] for r in rows),
@@ -116,7 +100,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "gold_shown": statistics.fmean(r["gold_shown"] for r in rows),
         "answer_shown": statistics.fmean(r["answer_shown"] for r in rows),
         "searches": statistics.fmean(r["searches"] for r in rows),
-        "reformulated": statistics.fmean(queries) if queries else 0.0,
+        "overlap": statistics.fmean(r["overlap"] for r in rows),
+        "reformulated": statistics.fmean(r["reformulated"] for r in rows),
         "not_ok": float(sum(r["status"] != "ok" for r in rows)),
     }
 
@@ -125,13 +110,13 @@ def _table(title: str, cells: Sequence[tuple[str, str, str, dict[str, float]]]) 
     lines = [
         f"### {title}",
         "",
-        "| questions | split | rule | n | EM | F1 | gold shown | answer shown | searches / episode | queries ≠ question |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| questions | split | rule | n | EM | F1 | gold shown | answer shown | searches / episode | query overlap | reformulated |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, split, rule, s in cells:
         lines.append(
             f"| {name} | {split} | {rule} | {int(s['n'])} | {s['em']:.3f} | {s['f1']:.3f} | {s['gold_shown']:.3f} "
-            f"| {s['answer_shown']:.3f} | {s['searches']:.2f} | {s['reformulated']:.2f} |"
+            f"| {s['answer_shown']:.3f} | {s['searches']:.2f} | {s['overlap']:.2f} | {s['reformulated']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -247,7 +247,7 @@ def test_bench_search_scale():
 def test_bench_search_split():
     out = run("bench/search_split.py", "--n", "5")
     assert "| hard | test | copy | 5 |" in out and "| hard | test | reformulate | 5 | 1.000 |" in out, out
-    assert "search_split: 40 episodes in" in out
+    assert "search_split: 60 episodes in" in out and "| hard | test | scripted | 5 |" in out
 
 
 @pytest.mark.slow

@@ -181,8 +181,9 @@ class SearchQAEnv(ToolEnv):
         return {"index": self.index.provenance}
 
     def tool_use_metrics(self, task: Task, calls: Sequence[ToolUse], answer: Any) -> dict[str, float]:
-        """The shared search measures against the question, and whether a result showed a gold answer
-        (``use/answer_shown``) or the answer given (``use/answer_in_results``), as whole SQuAD words."""
+        """The shared search measures against the question, whether a result showed a gold answer
+        (``use/answer_shown``) or the answer given (``use/answer_in_results``), as whole SQuAD words, and
+        whether the gold paragraph's id appeared (``use/gold_doc_shown``)."""
         from toolgym.envs.search_qa.hard import shown_answer  # hard.py builds on this module
 
         question = str(task.metadata.get("question", "")) or task.prompt
@@ -190,6 +191,9 @@ class SearchQAEnv(ToolEnv):
         shown = "\n".join(c.output for c in calls)
         golds = [str(g) for g in task.reference] if isinstance(task.reference, list | tuple) else []
         out["use/answer_shown"] = float(shown_answer(shown, golds) is not None)
+        gold_doc = task.metadata.get("gold_doc")
+        if gold_doc is not None:  # the paragraph that answers it was listed or opened
+            out["use/gold_doc_shown"] = float(f"[{gold_doc}]" in shown)
         if answer is not None:
             out["use/answer_in_results"] = float(shown_answer(shown, [str(answer)]) is not None)
         return out
