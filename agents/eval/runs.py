@@ -326,6 +326,21 @@ class TrackComparison:
 
 
 @dataclass(frozen=True)
+class MeasureComparison:
+    """``B - A`` of one tool-use measure (``use/*``, :mod:`toolgym.tool_use`) on one track, over the
+    episode pairs where both sides have it: the means, the paired difference, its bootstrap 95% interval."""
+
+    harness: str
+    measure: str
+    n: int
+    a: float
+    b: float
+    diff: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
 class Comparison:
     a: str
     b: str
@@ -335,6 +350,8 @@ class Comparison:
     #: every track at once (two or more tracks): per task, the mean over tracks of ``B - A``; the
     #: bootstrap resamples tasks, so a task's episodes on its several tracks stay together
     pooled: TrackComparison | None = None
+    #: what the episodes did with their tools, paired like the rewards (empty: the environment measures none)
+    tool_use: list[MeasureComparison] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -379,7 +396,33 @@ def compare_runs(a: EvalRun, b: EvalRun, *, seed: int = 0, allow: Sequence[str] 
         )
     notes = settings_differences(a.settings, b.settings, ("policy", "sampling", "max_total_tokens"))
     pooled = pooled_comparison(a, b, seed=seed) if len(a.settings.harnesses) > 1 else None
-    return Comparison(a.label, b.label, tracks, notes, pooled)
+    return Comparison(a.label, b.label, tracks, notes, pooled, tool_use_comparisons(a, b, seed=seed))
+
+
+def tool_use_comparisons(a: EvalRun, b: EvalRun, *, seed: int = 0) -> list[MeasureComparison]:
+    """``B - A`` of every tool-use measure both runs have, per track, paired by ``(task, seed)`` over the
+    episodes both sides scored and measured (a measure one side lacks is not compared: not measured)."""
+    out = []
+    for harness in a.settings.harnesses:
+        side_b = {(t.task_id, t.seed): t for t in b.trajectories.get(harness, [])}
+        pairs = [
+            (t, side_b[(t.task_id, t.seed)])
+            for t in a.trajectories.get(harness, [])
+            if (t.task_id, t.seed) in side_b
+            and t.status != "infra_error"
+            and side_b[(t.task_id, t.seed)].status != "infra_error"
+        ]
+        measures = sorted({k for t, u in pairs for k in t.metrics if k.startswith("use/") and k in u.metrics})
+        for key in measures:
+            xa = [t.metrics[key] for t, u in pairs if key in t.metrics and key in u.metrics]
+            xb = [u.metrics[key] for t, u in pairs if key in t.metrics and key in u.metrics]
+            mean, low, high = paired_bootstrap(xa, xb, seed=seed)
+            out.append(
+                MeasureComparison(
+                    harness, key, len(xa), sum(xa) / len(xa), sum(xb) / len(xb), mean, low, high
+                )
+            )
+    return out
 
 
 def pooled_comparison(a: EvalRun, b: EvalRun, *, seed: int = 0) -> TrackComparison:

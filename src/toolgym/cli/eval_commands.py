@@ -306,6 +306,21 @@ def _print_comparison(comparison: Any) -> None:
             f"paired reward difference B - A on {t.harness}: {t.diff:+.3f} "
             f"(95% bootstrap CI [{t.low:+.3f}, {t.high:+.3f}], n={t.n} {unit})"
         )
+    if comparison.tool_use:
+        use = Table(title="tool use, B - A (paired by task and seed; toolgym.tool_use)")
+        for col in ("track", "measure", "pairs", "A", "B", "B - A", "95% bootstrap CI"):
+            use.add_column(col, justify="left" if col in ("track", "measure") else "right")
+        for m in comparison.tool_use:
+            use.add_row(
+                m.harness,
+                m.measure.removeprefix("use/"),
+                str(m.n),
+                f"{m.a:.3f}",
+                f"{m.b:.3f}",
+                f"{m.diff:+.3f}",
+                f"[{m.low:+.3f}, {m.high:+.3f}]",
+            )
+        Console(width=140).print(use)
     for note in comparison.notes:
         print(f"note: the runs differ in {note}")
 

@@ -173,3 +173,34 @@ async def test_compare_refuses_an_incomplete_run_and_a_non_eval_dir(tmp_path):
     (tmp_path / "c").mkdir()
     with pytest.raises(ConfigError, match="has no eval.json"):
         load_eval_run(tmp_path / "c")
+
+
+async def test_compare_pairs_the_tool_use_measures(tmp_path):
+    """On the hard questions, the reformulating rule against the copy rule: every episode reformulates
+    and is shown a gold answer (+1.000 on both), and a measure one side lacks is not compared."""
+    from toolgym.core import SamplingParams
+    from toolgym.envs.search_qa import reference_rule, reformulating_rule
+
+    kwargs = {"questions": "hard", "split": "test"}
+    env = gymnasium.make(ENV, **kwargs)
+    by_question = {t.metadata["question"]: t for t in env.unwrapped.tasks}
+    env.close()
+
+    def playing(make_rule, name):
+        def rule(transcript: str) -> str:
+            episode = transcript.rsplit("Question: ", 1)[-1]
+            return make_rule(next(t for q, t in by_question.items() if q in episode))(transcript)
+
+        return lambda: RulePolicy(rule, name=name)
+
+    budget = {"env_kwargs": kwargs, "sampling": SamplingParams(max_tokens=2048), "max_total_tokens": 1 << 17}
+    await run(tmp_path / "a", playing(reference_rule, "copy"), label="copy", n=6, **budget)
+    await run(tmp_path / "b", playing(reformulating_rule, "reformulate"), label="reformulate", n=6, **budget)
+    comparison = compare_runs(load_eval_run(tmp_path / "a"), load_eval_run(tmp_path / "b"))
+    by = {(m.harness, m.measure): m for m in comparison.tool_use}
+    for track in ("bare", "scaffold"):
+        for measure in ("use/reformulated", "use/answer_shown"):
+            m = by[(track, measure)]
+            assert (m.n, m.a, m.b, m.diff, m.low, m.high) == (6, 0.0, 1.0, 1.0, 1.0, 1.0), m
+    assert by[("bare", "use/query_overlap")].diff < 0
+    assert json.loads(comparison.to_json())["tool_use"][0]["measure"].startswith("use/")
