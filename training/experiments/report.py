@@ -22,7 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.agents.eval.runs import load_eval_run
 from toolgym.run_files import write_atomic
+from toolgym.tool_use import tool_use_means
 from toolgym.training.experiments.html import html_page, num, number, read_jsonl, svg_plot, text
 from toolgym.training.heldout.curve import read_curve
 from toolgym.training.heldout.table import read_heldout
@@ -189,6 +191,34 @@ differences are paired, with bootstrap 95% intervals; <i>pooled</i> pairs each t
 <th>base EM</th><th>trained EM</th><th>base tool calls</th><th>trained tool calls</th></tr>{rows}</table>"""
 
 
+def _tool_use_html(run_dir: Path) -> str:
+    """What each held-out evaluation's episodes did with their tools (``use/*`` means per track,
+    :mod:`toolgym.tool_use`), when the environment measures it; "-": not measured."""
+    rows = []
+    for label in ("base", "control", "trained"):
+        folder = run_dir / "heldout" / label
+        if not (folder / "eval.json").is_file():
+            continue
+        evaluation = load_eval_run(folder)
+        for harness, episodes in evaluation.trajectories.items():
+            rows.append((label, harness, tool_use_means(t for t in episodes if t.status != "infra_error")))
+    keys = sorted({k for _, _, means in rows for k in means})
+    if not keys:
+        return ""
+    head = "".join(f"<th>{text(k.removeprefix('use/'))}</th>" for k in keys)
+    body = "".join(
+        f"<tr><td>{text(label)}</td><td>{text(harness)}</td>"
+        + "".join(f"<td>{num(means[k], '.3f')}</td>" if k in means else "<td>-</td>" for k in keys)
+        + "</tr>"
+        for label, harness, means in rows
+    )
+    return f"""<h2>Held-out tool use</h2>
+<p>What the held-out episodes did with their tools, as the environment measures them (means over
+episodes; reformulated: a query's word overlap with the question below 0.8; answer shown: a tool result
+showed a gold answer).</p>
+<table id="tool-use"><tr><th>policy</th><th>track</th>{head}</tr>{body}</table>"""
+
+
 def _curve_html(run_dir: Path) -> str:
     """The held-out curve during training (``heldout.every``), when the run has one."""
 
@@ -256,6 +286,28 @@ def _prompts_html(run_dir: Path, metrics: list[dict[str, Any]], events: list[dic
 <table id="prompts"><tr><th>phase</th><th>tools</th></tr>{body}</table>{groups}"""
 
 
+def _demonstrations(run_dir: Path) -> str:
+    """Where the warm start's episodes came from, as the run's own records say (its config's
+    ``warm_start.source`` and ``reuse``, its manifest's reference rule)."""
+    try:
+        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config, manifest = {}, {}
+    ws = config.get("warm_start") if isinstance(config, dict) else None
+    ws = ws if isinstance(ws, dict) else {}
+    run = manifest.get("run") if isinstance(manifest, dict) else None
+    rule = run.get("reference_rule") if isinstance(run, dict) else None
+    if ws.get("reuse"):
+        return f"loaded from the warm start of {text(ws['reuse'])}, whose"
+    if ws.get("source") == "reference":
+        named = f" ({text(rule)})" if rule else ""
+        return f"demonstrations written by the environment's reference rule{named} (a scripted solver), tokenised for this policy:"
+    if ws.get("source") == "self":
+        return "sampled from the untrained policy:"
+    return "from the run's records (no config.json says where its episodes came from):"
+
+
 def _warm_start_html(run_dir: Path) -> str:
     path = run_dir / "warm_start.json"
     if not path.is_file():
@@ -263,8 +315,8 @@ def _warm_start_html(run_dir: Path) -> str:
     w = json.loads(path.read_text(encoding="utf-8"))
     losses = ", ".join(num(x, ".3f") for x in w["epoch_losses"])
     return f"""<h2>Warm start</h2>
-<p id="warm-start">Rejection-sampled fine-tune before RL: {text(w["sampled"])} episodes sampled from the untrained
-policy on {text(w["tasks"])} training tasks (mean reward {num(w["mean_reward"], ".3f")}); {text(w["kept"])} kept from
+<p id="warm-start">Fine-tune before RL on the episodes the verifier rewarded, {_demonstrations(run_dir)} {text(w["sampled"])} episodes
+on {text(w["tasks"])} training tasks (mean reward {num(w["mean_reward"], ".3f")}); {text(w["kept"])} kept from
 {text(w["tasks_with_success"])} tasks (mean reward {num(w["mean_kept_reward"], ".3f")}), {text(w["tokens"])} sampled tokens;
 loss per epoch {losses}; {num(w["seconds"], ".0f")} s.</p>"""
 
@@ -289,7 +341,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         f"<tr><td>{text(e.get('step', ''))}</td><td>{text(e['from'])} → {text(e['to'])}</td><td>{text(str(e['env']) + ': ' if 'env' in e else '')}{text(e['signal'])}</td><td>{text(', '.join(map(str, e['tools'])))}</td></tr>"
         for e in events
     )
-    heldout = _heldout_html(run_dir) + _curve_html(run_dir)
+    heldout = _heldout_html(run_dir) + _tool_use_html(run_dir) + _curve_html(run_dir)
     warm = _warm_start_html(run_dir) + _prompts_html(run_dir, metrics, events)
     last = metrics[-1]
     summary = ", ".join(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -117,6 +118,16 @@ def test_report_shows_the_heldout_table_and_the_warm_start(tmp_path: Path) -> No
     )
     assert "split <b>test</b>" in page and page.index("Held-out evaluation") < page.index("<h2>Curves</h2>")
     assert "27 kept from\n27 tasks" in page and "1.500, 0.750" in page
+    # the sentence says where the demonstrations came from, as the run's records say
+    assert "sampled from the untrained policy" not in page and "no config.json says" in page
+    (tmp_path / "config.json").write_text(json.dumps({"warm_start": {"source": "reference", "reuse": ""}}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"run": {"reference_rule": "reformulate"}}))
+    assert "the environment's reference rule (reformulate)" in write_report(tmp_path).read_text()
+    (tmp_path / "config.json").write_text(json.dumps({"warm_start": {"source": "self", "reuse": ""}}))
+    page = write_report(tmp_path).read_text()
+    assert "sampled from the untrained policy" in page and "reference rule" not in page
+    (tmp_path / "config.json").write_text(json.dumps({"warm_start": {"source": "self", "reuse": "runs/a"}}))
+    assert "loaded from the warm start of runs/a" in write_report(tmp_path).read_text()
 
 
 SCRIPT = "<script>alert(1)</script>"
@@ -211,3 +222,33 @@ def test_every_field_the_arms_report_shows_is_escaped(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="names an arm"):
             write_arms_report(out)
     assert not (tmp_path / "elsewhere").exists()
+
+
+async def test_the_report_shows_what_the_held_out_episodes_did_with_their_tools(tmp_path: Path) -> None:
+    import json
+
+    from toolgym.agents.eval.evaluate import evaluate
+    from toolgym.agents.policies.base import RulePolicy
+    from toolgym.core import SamplingParams
+    from toolgym.envs.search_qa import baseline_rule
+    from toolgym.training.experiments.report import write_report
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1.0, "reward/mean": 0.1}) + "\n")
+    await evaluate(
+        "toolgym/SearchQA-v0",
+        lambda: RulePolicy(baseline_rule(), name="scripted"),
+        ("bare",),
+        n=3,
+        seed=0,
+        out_dir=tmp_path / "heldout" / "trained",
+        env_kwargs={"split": "test"},
+        sampling=SamplingParams(max_tokens=2048),
+        max_total_tokens=1 << 17,
+    )
+    page = write_report(tmp_path).read_text()
+    table = page[page.index('<table id="tool-use">') : page.index("</table>", page.index('id="tool-use"'))]
+    assert "<th>searches</th>" in table and "<th>reformulated</th>" in table
+    assert table.count("<tr>") == 2 and "<td>trained</td><td>bare</td>" in table
+    headers = re.findall(r"<th>(.*?)</th>", table)
+    cells = re.findall(r"<td>(.*?)</td>", table)
+    assert cells[headers.index("searches")] == "1.000"  # the scripted baseline searches once per episode
