@@ -90,6 +90,8 @@ def test_eval_scripted_bm25_baseline_on_arxiv_refs(tmp_path):
     assert track["metrics"]["use/searches"] >= 1.0 and 0.0 <= track["metrics"]["use/answer_shown"] <= 1.0
     assert "use/query_overlap" not in track["metrics"]  # ArxivRefs has no question to compare with
     assert "tool use" in out.stdout and "answer_shown" in out.stdout
+    # not on a terminal: progress lines on stderr instead of a bar (a log is never silent)
+    assert "eval toolgym/ArxivRefs-v0: started" in out.stderr and "eval toolgym/ArxivRefs-v0: 10/10 (" in out.stderr
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,9 @@ def train_command(config_path: str | Path | None, overrides: Sequence[str], out_
                 + (" (on the training run's engine)" if served is not None else "")
             )
             summary = asyncio.run(
-                run_heldout(config, out_dir, train_ids, warm_started=warm_started, served=served)
+                run_heldout(
+                    config, out_dir, train_ids, warm_started=warm_started, served=served, progress=progress
+                )
             )
             served = None  # the evaluation closed it
             print(heldout_table(summary))

@@ -16,11 +16,17 @@ from typing import Any, TextIO
 __all__ = ["RunProgress"]
 
 
+#: Seconds between two lines of one phase when no tenth was reached (a long phase is never silent).
+EVERY_S = 30.0
+
+
 class _Task:
     def __init__(self, owner: RunProgress, name: str, total: float | None, completed: float) -> None:
         self.owner, self.name, self.total, self.completed = owner, name, total, completed
         self._bar: Any = None
         self._shown = 0  # tenths already printed (the opening line stands for the 0th)
+        self._start = self._last = time.monotonic()
+        self._first = completed  # done before this phase started (a resume): not in the rate
 
     def update(self, completed: float, *, total: float | None = None, note: str = "") -> None:
         """Move the bar (or print a line: always with ``note``, else at each tenth of ``total``)."""
@@ -33,10 +39,15 @@ class _Task:
             )
             return
         tenth = int(10 * completed / self.total) if self.total else -1
-        if note or (tenth > self._shown):
-            self._shown = tenth
+        now = time.monotonic()
+        if completed == self._first:  # nothing done yet (loading, a resume's first call): the clock starts
+            self._start = self._last = now
+        if note or tenth > self._shown or (now - self._last >= EVERY_S and completed > self._first):
+            self._shown, self._last = max(tenth, self._shown), now
             of = f"/{int(self.total)}" if self.total else ""
-            self.owner.line(f"{self.name}: {int(completed)}{of}{' ' + note if note else ''}")
+            rate = (completed - self._first) / max(now - self._start, 1e-9)
+            shown = note or f"({rate:.2f} per s)"
+            self.owner.line(f"{self.name}: {int(completed)}{of} {shown}")
 
 
 class RunProgress:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
@@ -153,6 +153,15 @@ def can_share_engine(config: Any, policy: Any) -> bool:
     )
 
 
+def _updater(bar: Any) -> Callable[[int, int], None]:
+    """``evaluate``'s ``progress(done, total)`` as updates of a :class:`~toolgym.training.progress.RunProgress` phase."""
+
+    def update(done: int, total: int) -> None:
+        bar.update(done, total=total)
+
+    return update
+
+
 async def run_heldout(
     config: Any,
     run_dir: str | Path,
@@ -160,14 +169,18 @@ async def run_heldout(
     *,
     warm_started: bool = False,
     served: Any = None,
+    progress: Any = None,
 ) -> dict[str, Any]:
     """Evaluate base, control (when the run warm-started) and trained; write and return the table.
 
     A run killed during its held-out evaluation picks up where it stopped when ``toolgym train`` is
     run again (each evaluation directory resumes). ``served``: the training run's vLLM policy, when
     :func:`can_share_engine` allows it; the evaluation takes it over (and closes it), which saves an
-    engine start.
+    engine start. ``progress`` (a :class:`~toolgym.training.progress.RunProgress`) shows each
+    evaluation's episodes as they finish (lines in a log: every tenth and every 30 s).
     """
+    import contextlib
+
     import gymnasium
 
     hc, env = config.heldout, config.heldout_env  # in a mixture: heldout.env, else the first
@@ -227,20 +240,23 @@ async def run_heldout(
             if label in reused:
                 continue
             log.info("held-out evaluation of %s (%s)", label, spec)
-            await evaluate(
-                env.id,
-                factories[label],
-                hc.harnesses,
-                n=hc.n,
-                seed=hc.seed,
-                concurrency=hc.concurrency,
-                sampling=sampling,
-                max_total_tokens=budget,
-                out_dir=run_dir / "heldout" / label,
-                env_kwargs=env_kwargs,
-                policy_label=spec,
-                policy_info=parse_policy_spec(spec).describe(),
-            )
+            shown = progress.task(f"held-out {label}") if progress is not None else contextlib.nullcontext()
+            with shown as bar:
+                await evaluate(
+                    env.id,
+                    factories[label],
+                    hc.harnesses,
+                    n=hc.n,
+                    seed=hc.seed,
+                    concurrency=hc.concurrency,
+                    sampling=sampling,
+                    max_total_tokens=budget,
+                    out_dir=run_dir / "heldout" / label,
+                    env_kwargs=env_kwargs,
+                    policy_label=spec,
+                    policy_info=parse_policy_spec(spec).describe(),
+                    progress=None if bar is None else _updater(bar),
+                )
             if engine != "vllm":
                 factories[label].close()  # two transformers models need not be held at once
     finally:

@@ -81,6 +81,24 @@ def bar_updater(bar: Any, task: Any) -> Callable[[int, int], None]:
     return progress
 
 
+def episode_progress(name: str) -> tuple[Callable[[int, int], None], Callable[[], None]]:
+    """``(progress(done, total), stop())`` for episodes: a bar on a terminal (stderr), else timestamped
+    lines (every tenth and every 30 s, with the rate), so a log of a long evaluation is never silent."""
+    import contextlib
+    import sys
+
+    if sys.stderr.isatty():
+        bar = progress_bar()
+        return bar_updater(
+            bar, bar.add_task(name, total=None)
+        ), lambda: bar.stop() if bar.live.is_started else None
+    from toolgym.training.progress import RunProgress
+
+    stack = contextlib.ExitStack()
+    task = stack.enter_context(RunProgress(sys.stderr, terminal=False).task(name))
+    return lambda done, total: task.update(done, total=total), stack.close
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -141,8 +159,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy_info = (
         spec.describe() if chat_format == "auto" else {**spec.describe(), "chat_format": chat_format}
     )
-    bar = progress_bar()
-    progress = bar_updater(bar, bar.add_task(f"eval {args.env}", total=None))
+    progress, stop_progress = episode_progress(f"eval {args.env}")
 
     try:
         factory()  # load the model now: a model that cannot load is an error before any output
@@ -165,8 +182,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
         )
     finally:
-        if bar.live.is_started:
-            bar.stop()
+        stop_progress()
         factory.close()
     table = Table(
         title=f"{report.env_id} · policy {report.policy} · n={len(report.task_ids)} · seed {report.seed}"

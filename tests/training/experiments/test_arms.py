@@ -374,7 +374,7 @@ def _fake_heldout(monkeypatch, calls: list[str] | None = None) -> None:
 
     _in_this_process(monkeypatch)
 
-    async def run_heldout(config, run_dir, train_task_ids, *, warm_started=False, served=None):
+    async def run_heldout(config, run_dir, train_task_ids, *, warm_started=False, served=None, progress=None):
         from toolgym.agents.eval.evaluate import evaluate
         from toolgym.agents.eval.runs import compare_runs, load_eval_run
         from toolgym.agents.policies.base import RulePolicy

@@ -306,3 +306,19 @@ async def test_a_shuffled_rewards_run_scores_each_task_against_another(tmp_path:
             ),
             tmp_path / "one",
         )
+
+
+def test_a_long_phase_prints_a_line_every_30_seconds_between_tenths(monkeypatch) -> None:
+    import toolgym.training.progress as progress_module
+
+    clock = [100.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    with RunProgress(out).task("held-out trained", total=1000) as bar:
+        bar.update(0, total=1000)
+        for done in (1, 2, 3):  # far from a tenth: a line only once 30 s have passed
+            clock[0] += 20.0
+            bar.update(done)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].endswith("held-out trained: started (1000 to do)")
+    assert lines[1].endswith("held-out trained: 2/1000 (0.05 per s)")  # 2 episodes in 40 s
