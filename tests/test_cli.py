@@ -91,7 +91,10 @@ def test_eval_scripted_bm25_baseline_on_arxiv_refs(tmp_path):
     assert "use/query_overlap" not in track["metrics"]  # ArxivRefs has no question to compare with
     assert "tool use" in out.stdout and "answer_shown" in out.stdout
     # not on a terminal: progress lines on stderr instead of a bar (a log is never silent)
-    assert "eval toolgym/ArxivRefs-v0: started" in out.stderr and "eval toolgym/ArxivRefs-v0: 10/10 (" in out.stderr
+    assert (
+        "eval toolgym/ArxivRefs-v0: started" in out.stderr
+        and "eval toolgym/ArxivRefs-v0: 10/10 (" in out.stderr
+    )
 
 
 @pytest.mark.parametrize(
