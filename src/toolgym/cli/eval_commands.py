@@ -245,10 +245,13 @@ def tool_use_table(tracks: Sequence[Any]) -> Any:
     if not keys:
         return None
     table = Table(title="tool use (means over episodes; toolgym.tool_use)")
-    for col in ["track", *(k.removeprefix("use/") for k in keys)]:
-        table.add_column(col, justify="left" if col == "track" else "right")
+    table.add_column("measure", justify="left")
     for t in tracks:
-        table.add_row(t.harness, *(f"{t.metrics[k]:.3f}" if k in t.metrics else "-" for k in keys))
+        table.add_column(t.harness, justify="right")
+    for k in keys:  # one row a measure: every name shows whole, however many there are
+        table.add_row(
+            k.removeprefix("use/"), *(f"{t.metrics[k]:.3f}" if k in t.metrics else "-" for t in tracks)
+        )
     return table
 
 
