@@ -22,6 +22,7 @@ from toolgym.training.checkpoint import save_checkpoint
 from toolgym.training.config import renamed_keys, to_dict
 from toolgym.training.export import export_checkpoint
 from toolgym.training.learn.lora import base_weights_trainable, load_plain_state_dict, plain_state_dict
+from toolgym.training.sampling.workers import env_factory
 from toolgym.training.warm_start import (
     WarmStartResult,
     fine_tune,
@@ -106,8 +107,6 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
 async def _make_warm_start(trainer: Any, make_env: Callable[[], Any], started: float) -> WarmStartResult:
     """Sample the demonstrations and fine-tune ``trainer.model`` on the kept ones."""
     import asyncio
-
-    from toolgym.training.sampling.workers import env_factory
 
     config = trainer.config
     ws = config.warm_start

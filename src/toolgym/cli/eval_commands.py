@@ -95,8 +95,14 @@ def episode_progress(name: str) -> tuple[Callable[[int, int], None], Callable[[]
     from toolgym.training.progress import RunProgress
 
     stack = contextlib.ExitStack()
-    task = stack.enter_context(RunProgress(sys.stderr, terminal=False).task(name))
-    return lambda done, total: task.update(done, total=total), stack.close
+    tasks: list[Any] = []
+
+    def update(done: int, total: int) -> None:
+        if not tasks:  # the first line with the first update, after the checks: an error stays one line
+            tasks.append(stack.enter_context(RunProgress(sys.stderr, terminal=False).task(name)))
+        tasks[0].update(done, total=total)
+
+    return update, stack.close
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
