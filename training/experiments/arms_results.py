@@ -30,14 +30,20 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from toolgym.agents.eval.evaluate import summarize
-from toolgym.agents.eval.runs import compare_runs, load_eval_run, paired_rewards, pooled_pairs
+from toolgym.agents.eval.runs import (
+    MeasureComparison,
+    compare_runs,
+    load_eval_run,
+    paired_rewards,
+    pooled_pairs,
+)
 from toolgym.agents.eval.stats import bootstrap_means
 from toolgym.errors import ConfigError
 from toolgym.run_files import write_atomic
@@ -133,6 +139,9 @@ class ArmsResults:
     description: str = ""
     alpha: float = ALPHA
     resamples: int = RESAMPLES
+    #: every arm's tool-use measures against the baseline's, per track (``toolgym compare``'s pairing,
+    #: uncorrected 95% intervals: descriptive, outside the family); empty when none is measured
+    tool_use: tuple[MeasureComparison, ...] = ()
 
     @property
     def family(self) -> int:
@@ -176,8 +185,10 @@ def compare_arms(
     arms = [name for name in runs if name != baseline]
     family = len(arms) * len(tracks)
     raw: list[dict[str, Any]] = []
+    tool_use: list[MeasureComparison] = []
     for arm in arms:
         comparison = compare_runs(base, runs[arm], seed=seed)  # refuses unpaired evaluations, by field
+        tool_use += [replace(m, harness=f"{arm}: {m.harness}") for m in comparison.tool_use]
         by_track = {t.harness: t for t in comparison.tracks}
         if comparison.pooled is not None:
             by_track[POOLED] = comparison.pooled
@@ -217,6 +228,7 @@ def compare_arms(
         description=description,
         alpha=alpha,
         resamples=resamples,
+        tool_use=tuple(tool_use),
     )
 
 
@@ -259,7 +271,27 @@ def markdown_table(results: ArmsResults) -> str:
                 c = results.comparison(arm, track)
                 cells += [f"{c.diff:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]", _p(c.p_holm)]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + _caption(results) + "\n"
+    return "\n".join(lines) + "\n\n" + _caption(results) + "\n" + tool_use_table(results)
+
+
+def tool_use_table(results: ArmsResults) -> str:
+    """The arms' tool-use measures against the baseline's (Markdown; empty when none is measured): per
+    arm, track and measure, the baseline's and the arm's means and Δ [uncorrected 95% CI]."""
+    if not results.tool_use:
+        return ""
+    lines = [
+        "",
+        f"Tool use (toolgym.tool_use), arm − {results.baseline}, paired by task and seed; uncorrected 95% intervals:",
+        "",
+        f"| arm: track | measure | {results.baseline} | arm | Δ [95% CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for m in results.tool_use:
+        lines.append(
+            f"| {m.harness} | {m.measure.removeprefix('use/')} | {m.a:.3f} | {m.b:.3f} "
+            f"| {m.diff:+.3f} [{m.low:+.3f}, {m.high:+.3f}] |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 _TEX = {
@@ -335,6 +367,7 @@ def results_dict(results: ArmsResults) -> dict[str, Any]:
             "resamples": results.resamples,
         },
         "comparisons": [asdict(c) for c in results.comparisons],
+        "tool_use": [asdict(m) for m in results.tool_use],
     }
 
 

@@ -204,3 +204,15 @@ async def test_compare_pairs_the_tool_use_measures(tmp_path):
             assert (m.n, m.a, m.b, m.diff, m.low, m.high) == (6, 0.0, 1.0, 1.0, 1.0, 1.0), m
     assert by[("bare", "use/query_overlap")].diff < 0
     assert json.loads(comparison.to_json())["tool_use"][0]["measure"].startswith("use/")
+    # the arms tables carry the same rows (the reformulating arm against the copy baseline)
+    from toolgym.training.experiments.arms_results import compare_arms, markdown_table, results_dict
+
+    runs = {"copy": load_eval_run(tmp_path / "a"), "reformulate": load_eval_run(tmp_path / "b")}
+    results = compare_arms(runs, "copy")
+    table = markdown_table(results)
+    assert "Tool use (toolgym.tool_use), arm − copy" in table
+    assert "| reformulate: bare | reformulated | 0.000 | 1.000 | +1.000 [+1.000, +1.000] |" in table
+    assert {m["measure"] for m in results_dict(results)["tool_use"]} >= {
+        "use/answer_shown",
+        "use/reformulated",
+    }
