@@ -252,6 +252,9 @@ class _Episode:
         budget = tape.left
         if budget <= 0:
             metrics["env/token_budget_exhausted"] = 1.0
+            if turn == 1:  # the prompt alone filled the budget: the model never acted (see evaluate)
+                metrics["env/no_first_action"] = 1.0
+                metrics["env/prompt_tokens"] = float(tape.max_total_tokens - budget)
             self.stop_reason = "token_budget"
             return True
         completion = await tape.sample(budget)

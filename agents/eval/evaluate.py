@@ -74,6 +74,31 @@ def left_out_warning(what: str, left_out: int, total: int) -> str | None:
     )
 
 
+def _check_budget(results: Mapping[str, Sequence[Trajectory]], max_total_tokens: int) -> None:
+    """A token budget that ends episodes before the model's first action is a configuration error,
+    never a score of 0: refused when it ended every episode, a warning with the count otherwise.
+
+    Raises:
+        ConfigError: every scored episode ended on the budget before its first action.
+    """
+    episodes = [t for trajs in results.values() for t in trajs if t.status != "infra_error"]
+    starved = [t for t in episodes if t.metrics.get("env/no_first_action")]
+    if not starved:
+        return
+    prompt = int(max(t.metrics.get("env/prompt_tokens", 0.0) for t in starved))
+    what = (
+        f"{len(starved)} of {len(episodes)} episodes ended on the token budget before the model's first "
+        f"action: the prompt alone took {prompt} tokens (system text, tools, worked example, task) of the "
+        f"budget of {max_total_tokens}"
+    )
+    if len(starved) == len(episodes):
+        raise ConfigError(
+            f"{what}, so nothing was evaluated. Fix: raise the budget (--max-total-tokens, or "
+            "max_total_tokens) above the prompt plus the turns, then run again with --restart"
+        )
+    log.warning("%s; they score 0. Raise the budget to evaluate them", what)
+
+
 @dataclass(frozen=True)
 class TrackSummary:
     """Aggregates of one track over the evaluated tasks."""
@@ -268,6 +293,7 @@ async def evaluate(
     finally:
         for env in pool:
             env.close()
+    _check_budget(results, max_total_tokens)
     tracks = [summarize(name, trajs) for name, trajs in results.items()]
     names = list(results)
     paired = {}

@@ -216,3 +216,39 @@ async def test_compare_pairs_the_tool_use_measures(tmp_path):
         "use/answer_shown",
         "use/reformulated",
     }
+
+
+async def test_a_budget_that_ends_every_episode_before_its_first_action_is_refused(tmp_path, caplog):
+    """Not a score of 0: the prompt alone filled the token budget, so the model never acted. Every
+    episode so: a ConfigError naming the prompt's length and the budget; some: a warning with the count."""
+    import logging
+
+    with pytest.raises(
+        ConfigError,
+        match=r"4 of 4 episodes ended on the token budget before the model's first action: the prompt alone took \d+ tokens .* of the budget of 200",
+    ):
+        await run(None, oracle(), n=2, max_total_tokens=200)
+    from toolgym.agents.eval.evaluate import _check_budget
+    from toolgym.core import Trajectory
+
+    def episode(starved: bool) -> Trajectory:
+        metrics = {"env/no_first_action": 1.0, "env/prompt_tokens": 900.0} if starved else {}
+        return Trajectory(
+            env_id=ENV,
+            task_id="t",
+            seed=0,
+            harness="bare",
+            allowed_tools=(),
+            messages=(),
+            token_ids=(),
+            loss_mask=(),
+            logprobs=(),
+            reward=0.0,
+            metrics=metrics,
+            status="truncated",
+        )
+
+    with caplog.at_level(logging.WARNING):
+        _check_budget({"bare": [episode(True), episode(False), episode(False)]}, 800)
+    assert "1 of 3 episodes ended on the token budget before the model's first action" in caplog.text
+    assert "took 900 tokens" in caplog.text and "budget of 800" in caplog.text
