@@ -152,9 +152,12 @@ def test_environments_md_example_is_the_template_and_runs(tmp_path):
     check_env(gymnasium.make(namespace["ENV_ID"]))  # gymnasium's checker and toolgym's contract
 
 
-def test_new_env_writes_a_skeleton_whose_test_passes(tmp_path):
+def test_new_env_writes_a_skeleton_whose_test_passes(tmp_path, capsys):
     assert main(["new-env", "Weather", "--dir", str(tmp_path)]) == 0
     assert (tmp_path / "weather_env.py").exists() and (tmp_path / "test_weather_env.py").exists()
+    assert "weather_env.py is a template: a working calculator environment" in capsys.readouterr().out
+    module = (tmp_path / "weather_env.py").read_text()
+    assert module.count("FunctionTool.from_function(") == 2 and module.count("# REPLACE:") == 3
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         capture_output=True,

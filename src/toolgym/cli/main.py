@@ -480,6 +480,10 @@ def cmd_new_env(args: argparse.Namespace) -> int:
         text = render_template(template, class_name, module)
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path}")
+    print(
+        f"{module}.py is a template: a working calculator environment, so that its tests pass as written. "
+        "Replace its tool, verifier and tasks (each marked in the file) with yours, and its tests with yours"
+    )
     print(f"next: python -m pytest {args.dir / f'test_{module}.py'}")
     return 0
 
