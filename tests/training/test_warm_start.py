@@ -216,6 +216,27 @@ def test_shared_prefix_fine_tune_gives_the_unshared_loss_and_gradient() -> None:
     assert float(grads[0].abs().max()) > 1e-3  # the comparison is not between two zero gradients
 
 
+WARM = ["warm_start.samples=4", "warm_start.min_reward=0.0", "warm_start.epochs=1", "warm_start.lr=0.01"]
+
+
+async def _warm_started(run: Path, *extra: str) -> Trainer:
+    """A tiny run's warm start (and nothing else) into ``run``, from one starting model (as a model file
+    on disk would be: the tiny policy is otherwise built from ``train.seed``)."""
+    from toolgym.training.sampling.workers import env_factory
+    from toolgym.training.warm_start_phase import run_warm_start
+
+    trainer = Trainer(load_config(None, [*TINY, *WARM, *extra]), run)
+    trainer.model.load_state_dict(tiny_model(hidden=32, layers=2, seed=0).state_dict())
+    trainer.optimizer.reload_masters()
+    make, free = env_factory("asyncio", trainer.config.env.id, dict(trainer.config.env.kwargs))
+    try:
+        await run_warm_start(trainer, make)
+    finally:
+        free()
+        trainer.close()
+    return trainer
+
+
 async def test_warm_start_seed_lets_another_rl_seed_share_one_warm_start(tmp_path: Path) -> None:
     """``warm_start.seed`` decides the warm start alone: a run with ``train.seed = 1`` and
     ``warm_start.seed = 0`` makes the warm start a ``train.seed = 0`` run makes, and may reuse it; with
@@ -223,27 +244,11 @@ async def test_warm_start_seed_lets_another_rl_seed_share_one_warm_start(tmp_pat
     from safetensors.torch import save_file
 
     from toolgym.training.config import to_dict
-    from toolgym.training.sampling.workers import env_factory
-    from toolgym.training.warm_start_phase import reuse_warm_start, run_warm_start
+    from toolgym.training.warm_start_phase import reuse_warm_start
 
-    warm = ["warm_start.samples=4", "warm_start.min_reward=0.0", "warm_start.epochs=1", "warm_start.lr=0.01"]
-
-    async def warm_started(run: Path, *extra: str) -> Trainer:
-        trainer = Trainer(load_config(None, [*TINY, *warm, *extra]), run)
-        # one starting model, as a model file on disk would be (the tiny policy is built from train.seed)
-        trainer.model.load_state_dict(tiny_model(hidden=32, layers=2, seed=0).state_dict())
-        trainer.optimizer.reload_masters()
-        make, free = env_factory("asyncio", trainer.config.env.id, dict(trainer.config.env.kwargs))
-        try:
-            await run_warm_start(trainer, make)
-        finally:
-            free()
-            trainer.close()
-        return trainer
-
-    a = await warm_started(tmp_path / "a")
-    b = await warm_started(tmp_path / "b", "train.seed=1", "warm_start.seed=0")
-    c = await warm_started(tmp_path / "c", "train.seed=1")
+    a = await _warm_started(tmp_path / "a")
+    b = await _warm_started(tmp_path / "b", "train.seed=1", "warm_start.seed=0")
+    c = await _warm_started(tmp_path / "c", "train.seed=1")
     assert json.loads((tmp_path / "a" / "warm_start.json").read_text())["kept"] > 0
     same = [torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters(), strict=True)]
     assert all(same), "the warm start depends on warm_start.seed, not on train.seed"
@@ -258,8 +263,8 @@ async def test_warm_start_seed_lets_another_rl_seed_share_one_warm_start(tmp_pat
     with pytest.raises(
         ConfigError, match=r"the warm start's seed: 0 there, 1 here .*set warm_start.seed = 0"
     ):
-        reuse_warm_start(tmp_path / "a", load_config(None, [*TINY, *warm, "train.seed=1"]), c.model)
-    again = load_config(None, [*TINY, *warm, "train.seed=1", "warm_start.seed=0"])
+        reuse_warm_start(tmp_path / "a", load_config(None, [*TINY, *WARM, "train.seed=1"]), c.model)
+    again = load_config(None, [*TINY, *WARM, "train.seed=1", "warm_start.seed=0"])
     assert reuse_warm_start(tmp_path / "a", again, c.model).kept > 0
     assert all(torch.equal(p, state[n]) for n, p in c.model.state_dict().items())
     with pytest.raises(ConfigError, match="warm_start.seed must be an integer"):
@@ -277,27 +282,12 @@ async def test_a_warm_start_without_weights_on_disk_is_rebuilt_and_checked_by_it
 
     from toolgym.training.config import to_dict
     from toolgym.training.run_result import write_run_result
-    from toolgym.training.sampling.workers import env_factory
-    from toolgym.training.warm_start_phase import run_warm_start, weights_sha256
-
-    warm = ["warm_start.samples=4", "warm_start.min_reward=0.0", "warm_start.epochs=1", "warm_start.lr=0.01"]
-
-    async def warm_started(run: Path, *extra: str) -> Trainer:
-        trainer = Trainer(load_config(None, [*TINY, *warm, *extra]), run)
-        trainer.model.load_state_dict(tiny_model(hidden=32, layers=2, seed=0).state_dict())
-        trainer.optimizer.reload_masters()
-        make, free = env_factory("asyncio", trainer.config.env.id, dict(trainer.config.env.kwargs))
-        try:
-            await run_warm_start(trainer, make)
-        finally:
-            free()
-            trainer.close()
-        return trainer
+    from toolgym.training.warm_start_phase import weights_sha256
 
     def record(run: Path) -> dict:
         return json.loads((run / "warm_start.json").read_text())
 
-    a = await warm_started(tmp_path / "a")
+    a = await _warm_started(tmp_path / "a")
     (tmp_path / "a" / "config.json").write_text(json.dumps(to_dict(a.config)))
     made = record(tmp_path / "a")["weights_sha256"]
     assert len(made) == 64 and made == weights_sha256(a.model)
@@ -305,7 +295,7 @@ async def test_a_warm_start_without_weights_on_disk_is_rebuilt_and_checked_by_it
     assert weights_sha256(start) != made, "the hash is the warm-started weights'"
 
     # the tiny policy writes no export: the run keeps no weights, so reusing it rebuilds and checks
-    b = await warm_started(tmp_path / "b", f"warm_start.reuse='{tmp_path / 'a'}'")
+    b = await _warm_started(tmp_path / "b", f"warm_start.reuse='{tmp_path / 'a'}'")
     assert record(tmp_path / "b")["weights_sha256"] == made
     assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters(), strict=True))
 
@@ -315,7 +305,7 @@ async def test_a_warm_start_without_weights_on_disk_is_rebuilt_and_checked_by_it
     kept.parent.mkdir()
     kept.write_bytes((tmp_path / "a" / "result.json").read_bytes())
     assert json.loads(kept.read_text())["warm_start"]["weights_sha256"] == made
-    await warm_started(tmp_path / "c", f"warm_start.reuse='{kept}'")
+    await _warm_started(tmp_path / "c", f"warm_start.reuse='{kept}'")
     assert record(tmp_path / "c")["weights_sha256"] == made
 
     # a recorded hash the rebuild does not give: refused, both hashes named, nothing checkpointed
@@ -324,7 +314,7 @@ async def test_a_warm_start_without_weights_on_disk_is_rebuilt_and_checked_by_it
     with pytest.raises(
         ConfigError, match=rf"rebuilt here has weights hash {made[:16]}, the recorded one 0{{16}}"
     ):
-        await warm_started(tmp_path / "d", f"warm_start.reuse='{tmp_path / 'a'}'")
+        await _warm_started(tmp_path / "d", f"warm_start.reuse='{tmp_path / 'a'}'")
     assert not (tmp_path / "d" / "checkpoint.pt").exists()
 
     # an export whose weights are not the recorded ones: refused as replaced
@@ -336,13 +326,13 @@ async def test_a_warm_start_without_weights_on_disk_is_rebuilt_and_checked_by_it
         str(export / "model.safetensors"),
     )
     with pytest.raises(ConfigError, match="its step-0 export's weights have hash .* replaced or damaged"):
-        await warm_started(tmp_path / "e", f"warm_start.reuse='{tmp_path / 'a'}'")
+        await _warm_started(tmp_path / "e", f"warm_start.reuse='{tmp_path / 'a'}'")
 
     # no export and no recorded hash (a record from before hashes): nothing to rebuild against
     (tmp_path / "a" / "warm_start.json").write_text(json.dumps({**forged, "weights_sha256": ""}))
     (export / "model.safetensors").unlink()
     with pytest.raises(ConfigError, match="nor a recorded weights hash to rebuild it against"):
-        await warm_started(tmp_path / "f", f"warm_start.reuse='{tmp_path / 'a'}'")
+        await _warm_started(tmp_path / "f", f"warm_start.reuse='{tmp_path / 'a'}'")
 
 
 def test_the_reference_rule_a_run_uses_is_in_its_manifest_and_an_unknown_one_stops_it(tmp_path: Path) -> None:
