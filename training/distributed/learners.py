@@ -278,7 +278,7 @@ class LearnerGroup:
                     )
                 ]
                 if wrong:
-                    self.close()
+                    self.close(say_stop=False)
                     who = ", ".join(f"rank {r}" for r in wrong)
                     raise RendezvousRefused(
                         f"a process checked in at the learner store as {who} without the run's secret (its "
@@ -309,7 +309,8 @@ class LearnerGroup:
 
     def close(self, *, say_stop: bool = True) -> None:
         """Tell the learners to stop (unless ``say_stop`` is False: a group whose ranks did not all prove
-        the secret hears nothing more), wait for them (killing any that do not), leave the group."""
+        the secret hears nothing more, and its processes are stopped at once), wait for them (killing any
+        that do not), leave the group."""
         if self.started:
             dist = torch_dist()
             if say_stop and all(c.poll() is None for c in self.children.values()):
@@ -320,8 +321,8 @@ class LearnerGroup:
             dist.destroy_process_group()
             self.started = False
         for child in self.children.values():
-            try:
-                child.wait(timeout=30)
+            try:  # a group that failed the handshake was told nothing: its processes are stopped at once
+                child.wait(timeout=30 if say_stop else 1)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
