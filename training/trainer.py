@@ -198,13 +198,15 @@ class Trainer:
         self.collector = StepCollector(config, self.progress)
         self.guard = StepGuard(self.run_dir, tc.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}
+        #: train.reward_control = "shuffled": task id -> the task whose reference scores its episodes
+        self.score_as: dict[str, str] | None = None
         if tc.reward_control == "shuffled":  # refused here, before any rollout or warm start
             try:
                 if config.is_mixture:
                     raise ConfigError(
                         "train.reward_control = 'shuffled' is for a run on one environment, not a mixture"
                     )
-                shuffled_references(self.task_ids, tc.seed)
+                self.score_as = shuffled_references(self.task_ids, tc.seed)
             except ConfigError:
                 self.close()
                 raise
@@ -431,9 +433,9 @@ class Trainer:
     def _options_for(self, curriculum: Any) -> Callable[[str], dict[str, Any]]:
         """A training episode's reset options: the curriculum's, and with ``train.reward_control =
         "shuffled"`` the task whose reference scores it (:mod:`toolgym.training.sampling.reward_control`)."""
-        if self.config.train.reward_control != "shuffled":
+        score_as = self.score_as
+        if score_as is None:
             return cast(Callable[[str], dict[str, Any]], curriculum.reset_options)
-        score_as = shuffled_references(self.task_ids, self.config.train.seed)
         return lambda task_id: {**curriculum.reset_options(task_id), "score_as": score_as[task_id]}
 
     async def _learn(self, groups: Sequence[Group], workers: RolloutWorkers | None = None) -> StepResult:
