@@ -26,11 +26,12 @@ from toolgym.training.config import (
 __all__ = ["Closable", "build_policy", "learner_model", "require_trainable"]
 
 
-def build_policy(config: RunConfig) -> TrainablePolicy | ServedPolicy:
+def build_policy(config: RunConfig, log_file: Path | None = None) -> TrainablePolicy | ServedPolicy:
     """The policy named by ``config.policy``.
 
     ``hf`` and ``tiny`` expose the trained module as ``.model``; ``vllm`` starts an engine (its own
-    process) and exposes ``.model_dir``, from which the trainer loads the learner's copy.
+    process) and exposes ``.model_dir``, from which the trainer loads the learner's copy; its whole log
+    goes to ``log_file`` (the run's ``engine.log``), its warnings to the console.
     """
     pc = config.policy
     if pc.threads:
@@ -68,6 +69,7 @@ def build_policy(config: RunConfig) -> TrainablePolicy | ServedPolicy:
             cpu_reserved=pc.cpu_reserved if pc.cpu_reserved >= 0 else None,
             chat_format=pc.chat_format,
             thinking_budget=pc.thinking_budget or None,
+            log_file=log_file,
         )
     from toolgym.agents.policies.hf import HFPolicy
 

@@ -54,6 +54,7 @@ import torch
 
 from toolgym.agents.eval.evaluate import left_out_warning
 from toolgym.agents.harness import get_harness
+from toolgym.agents.policies.vllm_log import ENGINE_LOG
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
 from toolgym.errors import CheckpointError, ConfigError
 from toolgym.procs import descendants, record_processes, stop_leftovers
@@ -222,7 +223,7 @@ class Trainer:
             log.warning(message)
             self.progress.line(message)
         before = descendants()
-        policy = build_policy(self.config)
+        policy = build_policy(self.config, log_file=self.run_dir / ENGINE_LOG)
         record_processes(self.run_dir, descendants() - before)
         return policy
 

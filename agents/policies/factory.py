@@ -12,6 +12,7 @@ import importlib.util
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from toolgym.agents.policies.base import RulePolicy
 from toolgym.agents.policies.spec import PolicySpec, parse_policy_spec
@@ -59,6 +60,7 @@ def policy_factory(
     model: str | None = None,
     device: str = "cpu",
     chat_format: str = "auto",
+    log_file: str | Path | None = None,
 ) -> PolicyFactory:
     """Check a spec against what is installed and on disk, and return a factory for its policy.
 
@@ -74,6 +76,7 @@ def policy_factory(
         device: where a transformers (``hf``) policy runs (``cpu``, ``cuda``, ``cuda:1``).
         chat_format: a model policy's chat format (:mod:`toolgym.agents.chat.formats`; ``auto``: from
             the tokenizer, or the format a ``run:`` export recorded).
+        log_file: where a vLLM engine's whole log goes (:mod:`toolgym.agents.policies.vllm_log`).
     """
     if isinstance(spec, str):
         spec = parse_policy_spec(spec, model=model)
@@ -97,7 +100,12 @@ def policy_factory(
 
             # NOTE: an evaluation's own process only steps environments, so every core serves
             return VLLMPolicy(
-                directory, seed=seed, max_model_len=max_model_len, cpu_reserved=0, chat_format=chat_format
+                directory,
+                seed=seed,
+                max_model_len=max_model_len,
+                cpu_reserved=0,
+                chat_format=chat_format,
+                log_file=log_file,
             )
 
         return PolicyFactory(spec, build_vllm)

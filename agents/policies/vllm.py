@@ -62,9 +62,17 @@ from toolgym.agents.policies.base import ChatPolicy
 from toolgym.agents.policies.hf_tokenizer import HFTokenizer, chat_tokenizer
 from toolgym.agents.policies.models import require_hf
 from toolgym.agents.policies.spec import resolve_model_dir
+from toolgym.agents.policies.vllm_log import (
+    console_level,
+    engine_log_config,
+    python_warnings,
+    user_configures_logging,
+    written_config,
+)
 from toolgym.agents.policies.vllm_weights import WeightLoaderExtension, check_weights_file
 from toolgym.core import Completion, SamplingParams
 from toolgym.errors import ConfigError, MissingDependencyError, PolicyError, check_choice
+from toolgym.run_files import open_append
 
 __all__ = ["SERVING_DTYPES", "VLLMPolicy", "WeightLoaderExtension", "require_vllm"]
 
@@ -73,6 +81,7 @@ logger = logging.getLogger(__name__)
 #: The dtypes an engine may serve in (``policy.dtype``); weight files are written in it too.
 SERVING_DTYPES = ("float32", "bfloat16", "float16")
 _EXTENSION = "toolgym.agents.policies.vllm_weights.WeightLoaderExtension"
+_RESERVED_CPU = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 GiB = 1 << 30
 CPU_BLOCK_SIZE = 32  # the smallest KV block the CPU attention backend accepts
 CPU_BATCHED_TOKENS = 2048  # vLLM's default token budget of a step
@@ -154,16 +163,30 @@ def _dead(exc: BaseException) -> PolicyError:
     )
 
 
+def engine_environ(cpu_reserved: int | None, *, quiet: bool) -> dict[str, str]:
+    """The variables an engine's processes start with: the cores kept from vLLM (unless the user set
+    ``VLLM_CPU_NUM_OF_RESERVED_CPU``) and, with toolgym's log configuration, its warning filters."""
+    environ = {}
+    if cpu_reserved is not None and _RESERVED_CPU not in os.environ:
+        environ[_RESERVED_CPU] = str(cpu_reserved)
+    if quiet:
+        environ["PYTHONWARNINGS"] = python_warnings(os.environ.get("PYTHONWARNINGS"))
+    return environ
+
+
 @contextlib.contextmanager
-def _environ_defaults(values: Mapping[str, str]) -> Iterator[None]:
-    """Set the variables of ``values`` that the environment does not set already; restore on exit."""
-    added = {k: v for k, v in values.items() if k not in os.environ}
-    os.environ.update(added)
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in the environment (read by the engine's processes as they start); restore on exit."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        for key in added:
-            os.environ.pop(key, None)
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class VLLMPolicy(ChatPolicy):
@@ -185,6 +208,11 @@ class VLLMPolicy(ChatPolicy):
         cpu_reserved: CPU only: cores kept from vLLM for the caller (``None``: vLLM's choice; ``0``: all
             serve, 1.66x the eval episodes/min on 2 cores); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` wins.
         chat_format, thinking_budget: the chat format and reasoning cap, as for ``HFPolicy``.
+        log_file: the engine's whole log (INFO and above) is appended there (a run's ``engine.log``);
+            ``None``: none kept. The console gets its warnings only
+            (:mod:`toolgym.agents.policies.vllm_log`).
+        log_level: the console's level for the engine's log; ``None``: WARNING, or INFO under
+            ``toolgym -v``.
 
     Attributes:
         tokenizer: an :class:`~toolgym.agents.policies.hf.HFTokenizer` over the model's tokenizer.
@@ -209,71 +237,89 @@ class VLLMPolicy(ChatPolicy):
         cpu_reserved: int | None = None,
         chat_format: str = "auto",
         thinking_budget: int | None = None,
+        log_file: str | Path | None = None,
+        log_level: str | None = None,
     ) -> None:
         vllm = require_vllm("VLLMPolicy")
+        import vllm.envs as vllm_envs
+
         require_hf("VLLMPolicy")
         check_choice("dtype", dtype, SERVING_DTYPES)
         if max_model_len < 16:
             raise ConfigError(f"max_model_len must be >= 16, got {max_model_len}")
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
-        from vllm.v1.engine.exceptions import EngineDeadError
+        # The engine's log (toolgym.agents.policies.vllm_log): configured before vLLM's modules are
+        # imported here, as they log while they import; the file is removed once the engine started.
+        log_config: str | None = None
+        with contextlib.ExitStack() as logs:
+            if not user_configures_logging(engine_kwargs or {}):
+                if log_file is not None:
+                    open_append(log_file).close()  # a link at its name is refused before anything starts
+                config = engine_log_config(
+                    log_file, log_level or console_level(), vllm_envs.VLLM_LOGGING_STREAM
+                )
+                log_config = logs.enter_context(written_config(config))
+            from vllm.config.logging import LoggingConfig
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
+            from vllm.v1.engine.exceptions import EngineDeadError
 
-        self._vllm = vllm
-        self._engine_dead: type[BaseException] = EngineDeadError
-        self.model_dir = resolve_model_dir(model)
-        tokenizer, fmt = chat_tokenizer(self.model_dir, chat_format, thinking_budget)
-        super().__init__(tokenizer, chat_format=fmt)
-        self.eos_token_id = self.tokenizer.eos_token_id
-        self.stop_ids = self.tokenizer.stop_ids
-        self.vocab_size = len(self.tokenizer)
-        self.max_model_len = max_model_len
-        self.on_cpu = bool(current_platform.is_cpu())
-        if kv_cache_gib is None and self.on_cpu:
-            kv_cache_gib = 1.0
-        reserve = cpu_reserved is not None and self.on_cpu
-        cpu = {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(cpu_reserved)} if reserve else {}
-        args: dict[str, Any] = {
-            "model": str(self.model_dir),
-            "dtype": dtype,
-            "max_model_len": max_model_len,
-            "seed": seed,
-            "enforce_eager": self.on_cpu if enforce_eager is None else enforce_eager,
-            "logprobs_mode": "processed_logprobs",
-            "worker_extension_cls": _EXTENSION,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "block_size": CPU_BLOCK_SIZE if self.on_cpu else None,
-        }
-        if kv_cache_gib is not None:
-            args["kv_cache_memory_bytes"] = int(kv_cache_gib * GiB)
-        if self.on_cpu:
-            # NOTE (seeded sampling on CPU): vLLM rewinds a seeded request's generator after a partial
-            # prefill with set_offset, which CPU generators do not have: the engine dies ("CPU
-            # Generator does not use offset") as soon as a busy step chunks a seeded prompt. Whole
-            # prompts only (a step's token budget must then hold the longest one).
-            args["enable_chunked_prefill"] = False
-            args["max_num_batched_tokens"] = max(CPU_BATCHED_TOKENS, max_model_len)
-        args.update(engine_kwargs or {})
-        self.policy_version = 0
-        self._ids = itertools.count()
-        self._loop = _Loop()
-        self._holder: dict[str, Any] = {}
-        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._holder)
-        atexit.register(self._finalizer)
-        start = time.perf_counter()
+            self._vllm = vllm
+            self._engine_dead: type[BaseException] = EngineDeadError
+            self.model_dir = resolve_model_dir(model)
+            tokenizer, fmt = chat_tokenizer(self.model_dir, chat_format, thinking_budget)
+            super().__init__(tokenizer, chat_format=fmt)
+            self.eos_token_id = self.tokenizer.eos_token_id
+            self.stop_ids = self.tokenizer.stop_ids
+            self.vocab_size = len(self.tokenizer)
+            self.max_model_len = max_model_len
+            self.on_cpu = bool(current_platform.is_cpu())
+            if kv_cache_gib is None and self.on_cpu:
+                kv_cache_gib = 1.0
+            environ = engine_environ(cpu_reserved if self.on_cpu else None, quiet=log_config is not None)
+            args: dict[str, Any] = {
+                "model": str(self.model_dir),
+                "dtype": dtype,
+                "max_model_len": max_model_len,
+                "seed": seed,
+                "enforce_eager": self.on_cpu if enforce_eager is None else enforce_eager,
+                "logprobs_mode": "processed_logprobs",
+                "worker_extension_cls": _EXTENSION,
+                "gpu_memory_utilization": gpu_memory_utilization,
+                "block_size": CPU_BLOCK_SIZE if self.on_cpu else None,
+                "use_tqdm_on_load": False,
+            }
+            if kv_cache_gib is not None:
+                args["kv_cache_memory_bytes"] = int(kv_cache_gib * GiB)
+            if self.on_cpu:
+                # NOTE (seeded sampling on CPU): vLLM rewinds a seeded request's generator after a partial
+                # prefill with set_offset, which CPU generators do not have: the engine dies ("CPU
+                # Generator does not use offset") as soon as a busy step chunks a seeded prompt. Whole
+                # prompts only (a step's token budget must then hold the longest one).
+                args["enable_chunked_prefill"] = False
+                args["max_num_batched_tokens"] = max(CPU_BATCHED_TOKENS, max_model_len)
+            if log_config is not None:
+                args["logging_config"] = LoggingConfig(pylogging_config_file=log_config)
+            args.update(engine_kwargs or {})
+            self.policy_version = 0
+            self._ids = itertools.count()
+            self._loop = _Loop()
+            self._holder: dict[str, Any] = {}
+            self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._holder)
+            atexit.register(self._finalizer)
+            start = time.perf_counter()
 
-        async def make() -> Any:
-            with _environ_defaults(cpu):  # read by the engine's processes as they start
-                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
-            await engine.update_weight_version("0")
-            return engine
+            async def make() -> Any:
+                with _environ(environ):
+                    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+                await engine.update_weight_version("0")
+                return engine
 
-        try:
-            self._holder["engine"] = self._loop.submit(make()).result()
-        except BaseException:
-            self._finalizer()
-            raise
+            try:
+                self._holder["engine"] = self._loop.submit(make()).result()
+            except BaseException:
+                self._finalizer()
+                raise
         self.start_seconds = time.perf_counter() - start
         logger.info("vLLM engine for %s started in %.1f s", self.model_dir, self.start_seconds)
 
@@ -328,7 +374,10 @@ class VLLMPolicy(ChatPolicy):
     async def _final(self, prompt: list[int], params: Any) -> Any:
         request_id = f"toolgym-{next(self._ids)}"
         final = None
-        outputs = self.engine.generate({"prompt_token_ids": prompt}, params, request_id=request_id)
+        # a token input (type "token") goes straight to the engine: the ids were checked by check_prompt
+        outputs = self.engine.generate(
+            {"type": "token", "prompt_token_ids": prompt}, params, request_id=request_id
+        )
         # NOTE (engine death): a request added while the engine core is dying can miss vLLM's error
         # and wait forever, so the wait checks every second whether the engine is still alive.
         while True:

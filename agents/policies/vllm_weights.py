@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from toolgym.agents.policies.vllm_log import RELOAD_LOGGER, demoted_on, reload_notices
+
 __all__ = ["WeightLoaderExtension", "check_weights_file", "checkpoint_names", "safetensors_names"]
 
 
@@ -59,7 +61,10 @@ class WeightLoaderExtension:
 
         The file must hold exactly the tensor names of the model's original checkpoint (a tied output
         head may be absent); anything else is refused before a single weight changes, so a bad export
-        can never leave a half-updated model. Returns ``{"tensors": n, "seconds": t}``.
+        can never leave a half-updated model. vLLM's "Failed to load weights" warnings for the layers
+        without checkpoint weights of their own are demoted to INFO with their reason
+        (:func:`~toolgym.agents.policies.vllm_log.reload_notices`); any other layer's stays a warning.
+        Returns ``{"tensors": n, "seconds": t, "notices_demoted": k}``.
         """
         from safetensors.torch import load_file
 
@@ -78,11 +83,18 @@ class WeightLoaderExtension:
                 f"unexpected {unexpected[:5]} (export the trainer's state_dict with the model's own names)"
             )
         tensors = load_file(path, device="cpu")
-        self.reload_weights(  # type: ignore[attr-defined]
-            weights_iterator=iter(tensors.items()), is_checkpoint_format=True
-        )
+        config = self.vllm_config.model_config.hf_config  # type: ignore[attr-defined]
+        notices = reload_notices(tied_head=bool(getattr(config, "tie_word_embeddings", False)))
+        with demoted_on(RELOAD_LOGGER, notices) as demoted:
+            self.reload_weights(  # type: ignore[attr-defined]
+                weights_iterator=iter(tensors.items()), is_checkpoint_format=True
+            )
         self._toolgym_retie()
-        return {"tensors": float(len(tensors)), "seconds": time.perf_counter() - start}
+        return {
+            "tensors": float(len(tensors)),
+            "seconds": time.perf_counter() - start,
+            "notices_demoted": float(demoted.demoted),
+        }
 
     def _toolgym_retie(self) -> None:
         """Point a tied output head at the freshly loaded embedding again.

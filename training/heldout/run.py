@@ -29,6 +29,7 @@ from toolgym.agents.eval.runs import EvalSettings, compare_runs, load_eval_run
 from toolgym.agents.policies.factory import PolicyFactory, policy_factory
 from toolgym.agents.policies.run_exports import resolve_run_export
 from toolgym.agents.policies.spec import parse_policy_spec
+from toolgym.agents.policies.vllm_log import ENGINE_LOG
 from toolgym.core import SamplingParams, TaskToolEnv
 from toolgym.errors import ConfigError
 from toolgym.records.manifest import env_fingerprint, manifest_differences, weights_sha256
@@ -51,6 +52,7 @@ def _factories(
     seed: int,
     max_model_len: int,
     served: Any = None,
+    log_file: Path | None = None,
 ) -> dict[str, Any]:
     """The policy factories of the held-out evaluations (one shared engine with vLLM; see the module).
 
@@ -66,6 +68,7 @@ def _factories(
             max_model_len=max_model_len,
             device=config.policy.learner_device,
             chat_format=config.policy.chat_format,  # an export's recorded format wins under auto
+            log_file=log_file,
         )
 
     base: Any  # a PolicyFactory whose policy, with vLLM, is the engine every arm shares
@@ -234,7 +237,15 @@ async def run_heldout(
     if served is not None and engine != "vllm":
         served.close()  # no engine to share: the evaluation runs on transformers
         served = None
-    factories = _factories(specs, engine, config, seed=hc.seed, max_model_len=budget, served=served)
+    factories = _factories(
+        specs,
+        engine,
+        config,
+        seed=hc.seed,
+        max_model_len=budget,
+        served=served,
+        log_file=run_dir / ENGINE_LOG,
+    )
     try:
         for label, spec in specs.items():
             if label in reused:

@@ -114,6 +114,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from toolgym.agents.harness import get_harness
     from toolgym.agents.policies.factory import policy_factory
     from toolgym.agents.policies.spec import parse_policy_spec
+    from toolgym.agents.policies.vllm_log import ENGINE_LOG
     from toolgym.core import SamplingParams
     from toolgym.registry import check_id
 
@@ -154,6 +155,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 else "is rendered by its server with the model's template"
             )
         )
+    if args.out is not None:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     factory = policy_factory(
         spec,
         env_id=args.env,
@@ -161,6 +164,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         max_model_len=max_total,
         device=args.device,
         chat_format=chat_format,
+        log_file=Path(args.out) / ENGINE_LOG if args.out is not None else None,
     )
     policy_info = (
         spec.describe() if chat_format == "auto" else {**spec.describe(), "chat_format": chat_format}

@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    if not sys.stderr.isatty():
+        # a log file: Hugging Face's progress bars (model loading) would write carriage returns into it;
+        # toolgym's own progress lines say how far each phase is
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

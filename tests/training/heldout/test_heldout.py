@@ -159,6 +159,11 @@ async def test_base_engine_serves_the_trained_export_as_a_fresh_engine_would(tmp
     assert all(t.policy_version == 1 for t in trained.values()), "the export is weight version 1"
     assert all(base[k].logprobs != trained[k].logprobs for k in base), "the export was not loaded"
     _same_episodes(trained, fresh_trained)
+    engine_log = (run / "engine.log").read_text()  # the engine's whole log is the run's
+    assert (
+        "Initializing a V1 LLM engine" in engine_log
+        and "RotaryEmbedding: Failed to load weights" in engine_log
+    )
 
 
 async def test_a_warm_started_run_is_compared_with_its_control_and_pooled(tmp_path) -> None:
