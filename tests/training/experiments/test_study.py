@@ -40,7 +40,9 @@ def test_the_results_document_is_built_from_its_result_files(tmp_path: Path) -> 
 def test_the_shipped_result_files_are_small_and_name_no_machine_folder() -> None:
     for path in RESULTS.rglob("*.json"):
         text = path.read_text(encoding="utf-8")
-        assert path.stat().st_size < 400_000, f"{path}: a result file holds kilobytes, never weights"
+        # kilobytes: the hard run's three evaluations of 244 episodes each (14 measures an episode) are
+        # 570 KB; the smallest weight file toolgym writes is hundreds of megabytes
+        assert path.stat().st_size < 1_000_000, f"{path}: a result file holds kilobytes, never weights"
         assert not re.search(r'"/(root|home|tmp|work|Users)/', text), f"{path} names a folder of its machine"
 
 
