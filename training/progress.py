@@ -2,7 +2,9 @@
 
 ``toolgym train ... > log`` must still say what it is doing: rich draws its bars only on a terminal, so
 when the output is not one, :class:`RunProgress` prints a timestamped line when a phase starts, at
-every tenth of a phase's items, and at every training step instead.
+every tenth of a phase's items (a tenth reached within :data:`MIN_GAP_S` of the last line waits for
+the next, so a phase that takes a second prints its start and its end, not ten lines of the same
+second), and at every training step instead.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ __all__ = ["RunProgress"]
 
 #: Seconds between two lines of one phase when no tenth was reached (a long phase is never silent).
 EVERY_S = 30.0
+#: Seconds a tenth waits after the last line (the phase's last item is always shown).
+MIN_GAP_S = 2.0
 
 
 class _Task:
@@ -42,7 +46,9 @@ class _Task:
         now = time.monotonic()
         if completed == self._first:  # nothing done yet (loading, a resume's first call): the clock starts
             self._start = self._last = now
-        if note or tenth > self._shown or (now - self._last >= EVERY_S and completed > self._first):
+        last = bool(self.total) and completed >= self.total  # type: ignore[operator]
+        due = tenth > self._shown and (last or now - self._last >= MIN_GAP_S)
+        if note or due or (now - self._last >= EVERY_S and completed > self._first):
             self._shown, self._last = max(tenth, self._shown), now
             of = f"/{int(self.total)}" if self.total else ""
             rate = (completed - self._first) / max(now - self._start, 1e-9)

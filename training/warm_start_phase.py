@@ -97,8 +97,8 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
     trainer.warm_started = True
     result.write(trainer.run_dir)
     trainer.progress.line(
-        f"warm start: done in {time.perf_counter() - started:.0f} s (loss {list(result.epoch_losses)}, "
-        f"weights {digest[:12]})"
+        f"warm start: done in {time.perf_counter() - started:.0f} s (loss by epoch "
+        f"{', '.join(f'{loss:.4f}' for loss in result.epoch_losses)}, weights {digest[:12]})"
     )
     save_checkpoint(trainer.run_dir, trainer.state_dict())
     export_checkpoint(trainer.run_dir, trainer.model, trainer.policy, step=0)

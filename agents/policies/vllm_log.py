@@ -94,6 +94,11 @@ NOTICES: tuple[Notice, ...] = (
     Notice("Triton is installed, but doesn't include CPU backend", "vLLM's CPU build serves without it"),
     Notice("Reset SSM cache type", "concerns state-space models only"),
     Notice(
+        "OMP_NUM_THREADS=",
+        "vLLM's CPU build sets OMP_NUM_THREADS itself for its worker (the cores it binds) and then "
+        "warns that it is set",
+    ),
+    Notice(
         "VLLM_CPU_NUM_OF_RESERVED_CPU is less than the minimum",
         "toolgym serves on every core on purpose (policy.cpu_reserved = 0: 1.66x the episodes/min on "
         "2 cores)",

@@ -174,12 +174,21 @@ def test_the_reference_pool_needs_a_reference_rule() -> None:
         )
 
 
-def test_progress_prints_lines_when_not_on_a_terminal() -> None:
+def test_progress_prints_lines_when_not_on_a_terminal(monkeypatch) -> None:
+    import toolgym.training.progress as progress_module
+
+    clock = [100.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
     out = io.StringIO()
     progress = RunProgress(out)
     assert not progress.terminal
     with progress.task("warm start", total=20) as bar:
         for i in range(1, 21):
+            clock[0] += 1.5  # a tenth every 3 s
+            bar.update(i)
+    with progress.task("reference episodes", total=64) as bar:
+        for i in range(1, 65):  # all within a second: its start and its end
+            clock[0] += 0.01
             bar.update(i)
     with progress.task("training", total=2) as bar:
         bar.update(1, note="reward 0.100")
@@ -189,6 +198,8 @@ def test_progress_prints_lines_when_not_on_a_terminal() -> None:
     assert any("warm start: started (20 to do)" in x for x in lines)
     assert any("training: started (18 of 18 done, 0 to do)" in x for x in lines)  # a resumed run
     assert sum("warm start: " in x and "/20" in x for x in lines) == 10  # one line per tenth
+    shown = [x.split("] ", 1)[1] for x in lines if "reference episodes" in x]
+    assert shown == ["reference episodes: started (64 to do)", "reference episodes: 64/64 (100.00 per s)"]
     assert any("training: 1/2 reward 0.100" in x for x in lines)
     quiet = io.StringIO()
     RunProgress(quiet, terminal=True).line("nothing")
