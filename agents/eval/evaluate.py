@@ -74,12 +74,15 @@ def left_out_warning(what: str, left_out: int, total: int) -> str | None:
     )
 
 
-def _check_budget(results: Mapping[str, Sequence[Trajectory]], max_total_tokens: int) -> None:
+def _check_budget(
+    results: Mapping[str, Sequence[Trajectory]], max_total_tokens: int, *, recorded: bool
+) -> None:
     """A token budget that ends episodes before the model's first action is a configuration error,
     never a score of 0: refused when it ended every episode, a warning with the count otherwise.
 
     Raises:
-        ConfigError: every scored episode ended on the budget before its first action.
+        ConfigError: every scored episode ended on the budget before its first action (``recorded``:
+            the episodes were written to an output folder, which the rerun must clear).
     """
     episodes = [t for trajs in results.values() for t in trajs if t.status != "infra_error"]
     starved = [t for t in episodes if t.metrics.get("env/no_first_action")]
@@ -94,7 +97,8 @@ def _check_budget(results: Mapping[str, Sequence[Trajectory]], max_total_tokens:
     if len(starved) == len(episodes):
         raise ConfigError(
             f"{what}, so nothing was evaluated. Fix: raise the budget (--max-total-tokens, or "
-            "max_total_tokens) above the prompt plus the turns, then run again with --restart"
+            "max_total_tokens) above the prompt plus the turns, then run again"
+            + (" with --restart" if recorded else "")
         )
     log.warning("%s; they score 0. Raise the budget to evaluate them", what)
 
@@ -293,7 +297,7 @@ async def evaluate(
     finally:
         for env in pool:
             env.close()
-    _check_budget(results, max_total_tokens)
+    _check_budget(results, max_total_tokens, recorded=out is not None)
     tracks = [summarize(name, trajs) for name, trajs in results.items()]
     names = list(results)
     paired = {}

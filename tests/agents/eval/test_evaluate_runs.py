@@ -226,8 +226,11 @@ async def test_a_budget_that_ends_every_episode_before_its_first_action_is_refus
     with pytest.raises(
         ConfigError,
         match=r"4 of 4 episodes ended on the token budget before the model's first action: the prompt alone took \d+ tokens .* of the budget of 200",
-    ):
+    ) as refused:
         await run(None, oracle(), n=2, max_total_tokens=200)
+    assert str(refused.value).endswith("then run again")  # nothing was kept, nothing to clear
+    with pytest.raises(ConfigError, match=r"then run again with --restart$"):  # its episodes were kept
+        await run(tmp_path / "out", oracle(), n=2, max_total_tokens=200)
     from toolgym.agents.eval.evaluate import _check_budget
     from toolgym.core import Trajectory
 
@@ -249,6 +252,6 @@ async def test_a_budget_that_ends_every_episode_before_its_first_action_is_refus
         )
 
     with caplog.at_level(logging.WARNING):
-        _check_budget({"bare": [episode(True), episode(False), episode(False)]}, 800)
+        _check_budget({"bare": [episode(True), episode(False), episode(False)]}, 800, recorded=False)
     assert "1 of 3 episodes ended on the token budget before the model's first action" in caplog.text
     assert "took 900 tokens" in caplog.text and "budget of 800" in caplog.text
