@@ -29,7 +29,10 @@ two learner processes over gloo (``train.learners.count = 2``): each computes ha
 the sums are all-reduced, both step the optimizer; the weights reach the second process before the
 timed step. ``fsdp2-step-2`` is ``full-step-2`` with the model split between the two processes
 (``train.learners.shard = "fsdp2"``: FSDP2 shards; the timed step includes gathering the new weights into
-rank 0's whole copy). Each process uses ``--threads`` threads.
+rank 0's whole copy). ``full-step-softmax`` is ``full-step`` scoring each row through a log-softmax
+over its whole logits (how the learner scored before
+:mod:`~toolgym.training.learn.chosen_logprobs`: the logits, their log-softmax and their gradients
+are each ``rows x vocabulary`` floats). Each process uses ``--threads`` threads.
 
 Reported per mode: trainable parameters, seconds per step (best of the rounds), learner tokens/s
 (every token of every trained sequence, divided by the step's time: the same work in every mode),
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import itertools
 import json
@@ -50,6 +54,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from toolgym.agents.chat.chatml import IM_END
@@ -58,6 +63,7 @@ from toolgym.agents.rollout import read_trajectories, run_episode, write_traject
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.training.config import load_config
 from toolgym.training.distributed.learners import LearnerGroup
+from toolgym.training.learn import chosen_logprobs
 from toolgym.training.learn.grpo import StepPlan, accumulate_gradients, plan_step
 from toolgym.training.learn.lora import trainable_count
 from toolgym.training.sampling.workers import make_env
@@ -169,10 +175,27 @@ MODES = {  # lora, share_prefix, share_across_groups, learner processes
     "lora-step": (True, True, True, 1),
     "full-step-2": (False, True, True, 2),
     "fsdp2-step-2": (False, True, True, 2),
+    "full-step-softmax": (False, True, True, 1),
 }
 BY_TOKENS = {"full-step-tokens"}  # micro-batches by --micro-batch-tokens, not by count
+#: the log-softmax over every row's whole logits, as before the chunked path (chosen_logprobs)
+FULL_VOCABULARY = {"full-step-softmax"}
 SHARDED = {"fsdp2-step-2"}  # the learners split the model with FSDP2 (train.learners.shard = "fsdp2")
 DEFAULT_MODES = "full-unshared,full-group,full-step,lora-step"
+
+
+@contextlib.contextmanager
+def full_vocabulary(on: bool) -> Iterator[None]:
+    """With ``on``, score through each row's whole logits (no model counts as having a plain head)."""
+    if not on:
+        yield
+        return
+    plain = chosen_logprobs.lm_parts
+    chosen_logprobs.lm_parts = lambda model: None
+    try:
+        yield
+    finally:
+        chosen_logprobs.lm_parts = plain
 
 
 def timed_step(
@@ -263,9 +286,12 @@ def run(trainers: dict[bool, Trainer], args: argparse.Namespace) -> None:
                     learners.sync(trainer.model, trainer.optimizer, trainer.config)
                     print(f"round {r + 1} {mode}: weights to the learners {time.perf_counter() - t0:.1f} s")
                 budget = args.micro_batch_tokens if mode in BY_TOKENS else 0
-                results[mode].append(
-                    timed_step(trainer, plan, share=share, across=across, learners=learners, budget=budget)
-                )
+                with full_vocabulary(mode in FULL_VOCABULARY):
+                    results[mode].append(
+                        timed_step(
+                            trainer, plan, share=share, across=across, learners=learners, budget=budget
+                        )
+                    )
                 print(f"round {r + 1} {mode}: {results[mode][-1][0]:.1f} s", flush=True)
     finally:
         for group in groups_of.values():

@@ -206,6 +206,18 @@ def test_bench_learner(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.model
+def test_bench_chosen_logprobs():
+    # the embedded model, two short sequences: both paths run in processes of their own and agree
+    out = run("bench/chosen_logprobs.py", "--rows", "2", "--length", "48")
+    table = [r.split("|") for r in out.splitlines() if r.startswith(("| chunked", "| softmax"))]
+    rows = {r[1].strip(): r for r in table}
+    assert set(rows) == {"chunked", "softmax"} and "x the softmax path's peak RSS" in out
+    for column in (-4, -3, -2):  # logprob sum, mean entropy, gradient norm
+        assert float(rows["chunked"][column]) == pytest.approx(float(rows["softmax"][column]), rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.model
 def test_bench_weight_sync():
     # --smoke: a 2-layer random model through the in-process engine and the server, two pushes each
     out = run("bench/weight_sync.py", "--smoke", "--rounds", "2")

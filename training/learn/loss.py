@@ -16,6 +16,7 @@ import torch
 from toolgym.core import Trajectory, sampled_ids_hash
 from toolgym.errors import ToolgymError
 from toolgym.training.config.train import AGGREGATIONS, RATIOS, LossConfig
+from toolgym.training.learn.chosen_logprobs import chosen_logprobs, run_rows
 
 __all__ = [
     "AGGREGATIONS",
@@ -259,17 +260,13 @@ def token_scores(
         valid[i, : len(seq)] = 1
     device = next(model.parameters()).device  # the learner may live on a GPU; results stay there
     ids, valid = ids.to(device), valid.to(device)
-    logits = model(input_ids=ids, attention_mask=valid).logits[:, :-1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
-    taken = torch.gather(log_probs, -1, ids[:, 1:, None]).squeeze(-1)
+    rows, _ = run_rows(model, None, input_ids=ids, attention_mask=valid)
+    taken, ent_rows = chosen_logprobs(
+        rows.first(length - 1), ids[:, 1:], temperature=temperature, entropy=entropy
+    )
     zero = torch.zeros((len(sequences), 1), dtype=taken.dtype, device=device)
     logp = torch.cat([zero, taken], dim=1)
-    ent = None
-    if entropy:
-        with torch.no_grad():
-            ent = torch.cat([zero, distribution_entropy(log_probs)], dim=1)
+    ent = None if ent_rows is None else torch.cat([zero, ent_rows], dim=1)
     return logp, valid, ent
 
 

@@ -45,7 +45,8 @@ from collections.abc import Sequence
 import torch
 
 from toolgym.training.learn.batching import common_prefix_length
-from toolgym.training.learn.loss import distribution_entropy, token_scores
+from toolgym.training.learn.chosen_logprobs import Hidden, Logits, chosen_logprobs, run_rows
+from toolgym.training.learn.loss import token_scores
 
 __all__ = ["SequenceScorer"]
 
@@ -117,14 +118,13 @@ class SequenceScorer:
         context = torch.tensor([prefix[:-1]], dtype=torch.long, device=self.device)
         keep = self._read_rows(masks, 1, len(prefix) - 1)
         with torch.set_grad_enabled(self.grad):
-            out = self.model(input_ids=context, use_cache=True, logits_to_keep=keep)
-            cache = out.past_key_values
+            rows, cache = run_rows(self.model, keep, input_ids=context, use_cache=True)
             layers = getattr(cache, "layers", None)
             if layers is None or any(type(layer) is not DynamicLayer for layer in layers):
                 log.debug("prefix sharing off: %s is not a plain dynamic cache", type(cache).__name__)
                 return
             targets = torch.tensor([prefix[1:]], dtype=torch.long, device=self.device)
-            taken, ent = self._taken(out.logits, targets, keep)
+            taken, ent = self._taken(rows, targets, keep)
             logp = taken[0]
             self._prefix_entropy = None if ent is None else ent[0]
         roots = [t for layer in layers for t in (layer.keys, layer.values)] + [logp]
@@ -152,10 +152,10 @@ class SequenceScorer:
         past = DynamicCache(ddp_cache_data=[(kv[i], kv[i + 1]) for i in range(0, len(kv), 2)])
         keep = self._read_rows(masks, first, len(prefix) - first)
         with torch.set_grad_enabled(self.grad):
-            out = self.model(input_ids=context, past_key_values=past, use_cache=True, logits_to_keep=keep)
-            layers = out.past_key_values.layers
+            rows, cache = run_rows(self.model, keep, input_ids=context, past_key_values=past, use_cache=True)
+            layers = cache.layers
             targets = torch.tensor([prefix[first:]], dtype=torch.long, device=self.device)
-            taken, ent = self._taken(out.logits, targets, keep)
+            taken, ent = self._taken(rows, targets, keep)
             logp = torch.cat([parent_logp, taken[0]])
         if ent is not None and parent._prefix_entropy is not None:
             self._prefix_entropy = torch.cat([parent._prefix_entropy, ent[0]])
@@ -176,21 +176,19 @@ class SequenceScorer:
         return torch.tensor(keep, dtype=torch.long, device=self.device)
 
     def _taken(
-        self, logits: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor
+        self, rows: Hidden | Logits, targets: torch.Tensor, keep: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[B, rows]`` logprobs of ``targets`` from the kept logits rows (0.0 at rows not kept), and
-        the rows' entropies when the scorer computes them."""
-        logits = logits.float()
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        log_probs = torch.log_softmax(logits, dim=-1)
-        picked = torch.gather(log_probs, -1, targets[:, keep, None]).squeeze(-1)
+        """``[B, rows]`` logprobs of ``targets`` from the kept rows (0.0 at rows not kept), and the
+        rows' entropies when the scorer computes them (:mod:`~toolgym.training.learn.chosen_logprobs`)."""
+        picked, kept_ent = chosen_logprobs(
+            rows, targets[:, keep], temperature=self.temperature, entropy=self.entropy
+        )
         out = torch.zeros(targets.shape, dtype=picked.dtype, device=self.device)
         ent = None
-        if self.entropy:
-            with torch.no_grad():
-                ent = torch.zeros(targets.shape, dtype=picked.dtype, device=self.device)
-                ent = ent.index_copy(1, keep, distribution_entropy(log_probs))
+        if kept_ent is not None:
+            ent = torch.zeros(targets.shape, dtype=picked.dtype, device=self.device).index_copy(
+                1, keep, kept_ent
+            )
         return out.index_copy(1, keep, picked), ent
 
     def logprobs(
@@ -245,14 +243,15 @@ class SequenceScorer:
         )
         keep = self._read_rows(masks, shared, width - 1)  # suffix row j predicts token shared + j
         with torch.set_grad_enabled(self.grad):
-            out = self.model(
+            rows, _ = run_rows(
+                self.model,
+                keep,
                 input_ids=ids,
                 attention_mask=attention,
                 past_key_values=past,
                 use_cache=True,
-                logits_to_keep=keep,
             )
-            taken, ent = self._taken(out.logits, ids[:, 1:], keep)
+            taken, ent = self._taken(rows, ids[:, 1:], keep)
             first = torch.zeros((batch, 1), dtype=taken.dtype, device=self.device)
             logp = torch.cat([first, prefix_logp.expand(batch, -1), taken], dim=1)
         if ent is None or self._prefix_entropy is None:
