@@ -58,6 +58,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
     """A new bench script or ``__main__`` module must get a smoke run here."""
     covered = {
         "bench/arxiv_scale.py",
+        "bench/chosen_logprobs.py",
         "bench/demo_learning.py",
         "bench/eval.py",
         "bench/learner.py",

@@ -12,8 +12,8 @@ than :data:`WHOLE_BYTES`, works through the rows in chunks of about :data:`CHUNK
 ``logp = logit[x] - logsumexp(logits)``, the log-sum-exp kept per row. The backward pass recomputes
 each chunk's logits (one more output-layer product per chunk) and forms
 ``(onehot(x) - softmax) * grad / T`` there, so memory is bounded by a chunk, never the micro-batch. Values and gradients equal the log-softmax path's up to float rounding (tested); any
-other model (the tiny policy, an output layer LoRA wraps, softcapped logits) keeps the log-softmax
-over its logits (:class:`Logits`).
+other model (the tiny policy, an output layer LoRA wraps, softcapped logits, a model FSDP2 shards)
+keeps the log-softmax over its logits (:class:`Logits`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,19 @@ def lm_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor] | N
         return None
     if type(head) is not torch.nn.Linear or head.bias is not None:  # e.g. a LoRA layer wrapping it
         return None
+    if _sharded(model):
+        return None
     return get_decoder(), head.weight
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 shards the model: it must be called at its root (the first call sets the sharded
+    modules up as one tree) and its parameters are distributed tensors, so it keeps its logits."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without distributed support
+        return False
+    return any(isinstance(module, FSDPModule) for module in model.modules())
 
 
 def run_rows(
