@@ -4,8 +4,8 @@ Left to itself, vLLM writes about a hundred lines for one training run: its conf
 start-up notices at WARNING that toolgym's own deliberate settings cause (eager mode, chunked prefill
 off and every core serving on CPU), a "Failed to load weights" warning for two layers at every weight
 sync, and third-party ``FutureWarning``\\ s. A :class:`~toolgym.agents.policies.vllm.VLLMPolicy` hands
-every engine process (vLLM's ``log_config_file``, applied in the engine core and its workers alike) the
-logging configuration of :func:`engine_log_config`:
+every engine process (vLLM's ``LoggingConfig.pylogging_config_file``, applied in the engine core and its
+workers alike) the logging configuration of :func:`engine_log_config`:
 
 * **the console** gets WARNING and above (INFO and above when toolgym itself logs INFO: ``toolgym -v``),
   less the :data:`NOTICES` below: each is a known message with the reason it is not a problem here,

@@ -23,7 +23,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["CHUNK_BYTES", "WHOLE_BYTES", "Hidden", "Logits", "chosen_logprobs", "lm_parts", "run_rows"]
+__all__ = [
+    "CHUNK_BYTES",
+    "WHOLE_BYTES",
+    "Hidden",
+    "distribution_entropy",
+    "Logits",
+    "chosen_logprobs",
+    "lm_parts",
+    "run_rows",
+]
 
 #: Logits computed at once: ``rows x vocabulary`` fp32 floats per chunk (the chunk has at least a row).
 CHUNK_BYTES = 64 << 20
@@ -115,15 +124,21 @@ def chosen_logprobs(
         if not entropy:
             return picked, None
         with torch.no_grad():
-            return picked, -(log_probs.exp() * log_probs).sum(dim=-1)
+            return picked, distribution_entropy(log_probs)
     batch, k, width = rows.states.shape
     flat = rows.states.reshape(batch * k, width)
     picked, ent = _Chosen.apply(flat, rows.weight, targets.reshape(-1), float(temperature), entropy)
     return picked.view(batch, k), ent.view(batch, k) if entropy else None
 
 
-def _chunks(rows: int, vocab: int) -> range:
-    return range(0, rows, max(1, CHUNK_BYTES // (4 * vocab)))
+def distribution_entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row of a ``[..., V]`` log-softmax (nats), over the last dimension."""
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+def _chunk_rows(vocab: int) -> int:
+    """Rows per chunk: about :data:`CHUNK_BYTES` of fp32 logits, at least one."""
+    return max(1, CHUNK_BYTES // (4 * vocab))
 
 
 class _Chosen(torch.autograd.Function):
@@ -143,8 +158,8 @@ class _Chosen(torch.autograd.Function):
         picked = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(picked)
         ent = torch.zeros(rows if entropy else 0, dtype=torch.float32, device=hidden.device)
-        step = _chunks(rows, vocab).step
-        for start in _chunks(rows, vocab):
+        step = _chunk_rows(vocab)
+        for start in range(0, rows, step):
             end = start + step
             logits = hidden[start:end].float() @ w.T
             if temperature != 1.0:
@@ -170,8 +185,8 @@ class _Chosen(torch.autograd.Function):
         grad_weight = (
             torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         )
-        step = _chunks(rows, vocab).step
-        for start in _chunks(rows, vocab):
+        step = _chunk_rows(vocab)
+        for start in range(0, rows, step):
             end = start + step
             h = hidden[start:end].float()
             logits = h @ w.T

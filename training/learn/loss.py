@@ -26,7 +26,6 @@ __all__ = [
     "TokenFidelityError",
     "check_token_receipt",
     "clipped_pg_loss",
-    "distribution_entropy",
     "k3_kl",
     "mismatch_kl",
     "policy_loss",
@@ -268,8 +267,3 @@ def token_scores(
     logp = torch.cat([zero, taken], dim=1)
     ent = None if ent_rows is None else torch.cat([zero, ent_rows], dim=1)
     return logp, valid, ent
-
-
-def distribution_entropy(log_probs: torch.Tensor) -> torch.Tensor:
-    """Entropy of each row of a ``[..., V]`` log-softmax (nats), over the last dimension."""
-    return -(log_probs.exp() * log_probs).sum(dim=-1)
