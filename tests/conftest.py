@@ -55,6 +55,11 @@ LONG_LANES = (
     "docker",
     "tests/training/test_vllm_training.py",
     "tests/agents/policies/test_vllm_server.py",
+    "tests/agents/policies/test_hf_policy.py",
+    "tests/training/test_learning.py",
+    "tests/training/test_resume.py",
+    "tests/agents/policies/test_vllm_policy.py",
+    "tests/agents/policies/test_http_policy.py",
 )
 
 
