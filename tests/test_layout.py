@@ -237,6 +237,20 @@ def test_sub_packages_import_one_way():
     assert not problems, "\n".join(problems)
 
 
+def test_the_config_package_imports_no_runtime_code():
+    """training/config is read by every layer that runs (and by the help and the arms planner before any
+    model loads): it imports the core and itself, never agents, envs, tools or the rest of training."""
+    problems = []
+    for path in (ROOT / "training" / "config").rglob("*.py"):
+        for module in _imports(path):
+            layer = _subpackage(module)
+            if layer in ("toolgym.agents", "toolgym.envs", "toolgym.tools") or (
+                layer == "toolgym.training" and not module.startswith("toolgym.training.config")
+            ):
+                problems.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not problems, "\n".join(problems)
+
+
 def test_toolgym_imports_sit_at_module_level_unless_listed_lazy():
     problems = []
     for package in RANKS:

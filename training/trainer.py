@@ -196,7 +196,7 @@ class Trainer:
         self.warm_started = False
         self.step = 0
         self.curve_steps: list[int] = []  # steps with a held-out curve point
-        self.collector = StepCollector(config, self.progress)
+        self.collector = StepCollector(config.train, self.progress)
         self.guard = StepGuard(self.run_dir, tc.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}
         #: train.reward_control = "shuffled": task id -> the task whose reference scores its episodes

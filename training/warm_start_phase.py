@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from toolgym.agents.eval.results import RESULT_FILE, machine_roots, portable, read_result
 from toolgym.errors import ConfigError
 from toolgym.training.checkpoint import save_checkpoint
-from toolgym.training.config import renamed_keys, to_dict
+from toolgym.training.config import RunConfig, renamed_keys, to_dict
 from toolgym.training.export import export_checkpoint
 from toolgym.training.learn.lora import base_weights_trainable, load_plain_state_dict, plain_state_dict
 from toolgym.training.sampling.workers import env_factory
@@ -188,7 +188,7 @@ class ReusedWarmStart:
     sha256: str
 
 
-def reused_warm_start(source: str | Path, config: Any) -> ReusedWarmStart:
+def reused_warm_start(source: str | Path, config: RunConfig) -> ReusedWarmStart:
     """What ``warm_start.reuse = source`` names, checked to be this config's warm start.
 
     ``source`` is a training run directory (or its ``export/step-000000``) or a run's result file
@@ -287,7 +287,7 @@ def load_warm_start(source: ReusedWarmStart, model: torch.nn.Module) -> WarmStar
     return WarmStartResult(**values)
 
 
-def reuse_warm_start(source: str | Path, config: Any, model: torch.nn.Module) -> WarmStartResult:
+def reuse_warm_start(source: str | Path, config: RunConfig, model: torch.nn.Module) -> WarmStartResult:
     """Load an earlier run's warm-start export into ``model`` and return that run's result (no hash check:
     :func:`run_warm_start` checks the weights it ends with).
 
@@ -332,7 +332,7 @@ WARM_START_KEYS = {
 SEED = "the warm start's seed"
 
 
-def warm_start_seed(config: Any) -> int:
+def warm_start_seed(config: RunConfig) -> int:
     """The warm start's seed: ``warm_start.seed``, else ``train.seed``."""
     seed = config.warm_start.seed
     return int(config.train.seed if seed is None else seed)
@@ -354,13 +354,13 @@ def warm_start_identity(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def warm_start_env_kwargs(config: Any) -> dict[str, Any]:
+def warm_start_env_kwargs(config: RunConfig) -> dict[str, Any]:
     """The environment keyword arguments the warm start samples with: ``env.kwargs``, with
     ``warm_start.kwargs`` over them."""
     return {**dict(config.env.kwargs), **dict(config.warm_start.kwargs)}
 
 
-def warm_start_tools(config: Any) -> tuple[str, ...]:
+def warm_start_tools(config: RunConfig) -> tuple[str, ...]:
     """The tools the demonstrations' prompt offers: ``warm_start.tools``, else the first curriculum
     stage's (the prompt RL starts from), else every tool (empty)."""
     stages = config.curriculum.stages or (config.env.stages if config.env.stages else ())

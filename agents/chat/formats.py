@@ -47,8 +47,9 @@ from toolgym.agents.chat.base import ChatFormat, Reasoning, single_token
 from toolgym.agents.chat.chatml import IM_END, IM_START, ChatMLTemplate, TextTokenizer
 from toolgym.agents.chat.template import TemplateFormat
 from toolgym.call_formats import CALL_FORMATS, H_CALL, H_CHANNEL, H_END, H_MESSAGE, H_RETURN, H_START
+from toolgym.chat_format_names import CHAT_FORMATS, check_chat_format_name
 from toolgym.core import Message
-from toolgym.errors import ConfigError, check_choice, did_you_mean
+from toolgym.errors import ConfigError, did_you_mean
 
 __all__ = [
     "CHAT_FORMATS",
@@ -234,20 +235,13 @@ class HarmonyFormat(ChatFormat):
         return text[:pos], text[pos:]
 
 
+#: the renderer of each name of :data:`~toolgym.chat_format_names.RENDERER_NAMES` (one per call syntax)
 RENDERERS: dict[str, Callable[..., ChatFormat]] = {
     "hermes": HermesFormat,
     "llama3": Llama3Format,
     "mistral": MistralFormat,
     "harmony": HarmonyFormat,
 }
-#: Every format name ``policy.chat_format`` accepts (``template:CALLS`` picks the template's call syntax).
-CHAT_FORMATS = ("auto", *RENDERERS, "template", *(f"template:{c}" for c in CALL_FORMATS))
-
-
-def check_chat_format_name(name: str, setting: str) -> None:
-    """A ConfigError naming ``setting`` (``policy.chat_format``, ``--chat-format``) when ``name`` is not
-    one of :data:`CHAT_FORMATS`, with "did you mean"."""
-    check_choice(setting, name, CHAT_FORMATS)
 
 
 def _template_text(hf_tokenizer: Any) -> str:

@@ -32,7 +32,7 @@ from toolgym.envs.search_qa.data import (
     default_questions,
     split_key,
 )
-from toolgym.envs.search_qa.env import DEFAULT_K, MAX_K, QUESTION_SETS, SNIPPET_CHARS, SearchQAEnv
+from toolgym.envs.search_qa.env import QUESTION_SETS, SearchQAEnv
 from toolgym.envs.search_qa.hard import build_hard_questions, hard_questions, select_copy_fails
 from toolgym.envs.search_qa.rules import (
     REFERENCE_RULES,
@@ -41,6 +41,7 @@ from toolgym.envs.search_qa.rules import (
     reference_rule,
     reformulating_rule,
 )
+from toolgym.envs.search_qa.search_results import DEFAULT_K, MAX_K, SNIPPET_CHARS
 from toolgym.envs.search_qa.verifier import METRICS, ExactMatchVerifier, f1_score, normalize_answer
 
 __all__ = [

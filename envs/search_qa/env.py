@@ -17,6 +17,8 @@ from toolgym.envs.search_qa.data import (
     load_questions,
     shared_index,
 )
+from toolgym.envs.search_qa.hard import hard_questions, select_copy_fails, shown_answer
+from toolgym.envs.search_qa.search_results import DEFAULT_K, MAX_K, format_results
 from toolgym.envs.search_qa.verifier import ExactMatchVerifier
 from toolgym.errors import ConfigError, ToolCallError, did_you_mean
 from toolgym.parsing import format_tool_call
@@ -24,15 +26,7 @@ from toolgym.splits import check_split, select_split
 from toolgym.tool_use import ToolUse, search_measures
 from toolgym.tools.search.retriever import RetrieverSettings
 
-__all__ = [
-    "DEFAULT_K",
-    "MAX_K",
-    "QUESTION_SETS",
-    "SELECTIONS",
-    "SNIPPET_CHARS",
-    "SearchQAEnv",
-    "format_results",
-]
+__all__ = ["QUESTION_SETS", "SELECTIONS", "SearchQAEnv"]
 
 #: The built-in question sets that ``questions=`` names (any other value is a path): the XQuAD questions
 #: (the default) and the hard set, on which searching the question itself fails
@@ -40,27 +34,6 @@ __all__ = [
 QUESTION_SETS = ("xquad", "hard")
 #: What ``select=`` accepts: every question, or those on which copying the question fails.
 SELECTIONS = ("all", "copy-fails")
-
-#: Results a ``search`` call shows when the model gives no ``k`` (what copying the question sees).
-DEFAULT_K = 3
-MAX_K = 10
-SNIPPET_CHARS = 240
-
-
-def format_results(index: Any, hits: Sequence[Any]) -> str:
-    """What ``search`` shows for ``hits``: one ``[doc_id] title: snippet`` line each.
-
-    The hard question set is built against this text (:mod:`~toolgym.envs.search_qa.hard`), so "shown"
-    there means shown to the model here.
-    """
-    if not hits:
-        return "No results. Try other words."
-    lines = []
-    for hit in hits:
-        doc = index.get(hit.doc_id)
-        snippet = doc["text"][:SNIPPET_CHARS] + ("..." if len(doc["text"]) > SNIPPET_CHARS else "")
-        lines.append(f"[{hit.doc_id}] {doc['title']}: {snippet}")
-    return "\n".join(lines)
 
 
 def _question_set(questions: str | Path | None) -> str | None:
@@ -153,8 +126,6 @@ class SearchQAEnv(ToolEnv):
                 "environments.md), or drop corpus= to use the built-in data"
             )
         if builtin == "hard":
-            from toolgym.envs.search_qa.hard import hard_questions
-
             tasks = hard_questions()
         else:
             tasks = default_questions() if builtin == "xquad" else load_questions(str(questions))
@@ -164,8 +135,6 @@ class SearchQAEnv(ToolEnv):
             path = Path(corpus).resolve()
             self.index = shared_index(str(path), search, lambda: load_corpus(path))
         if select == "copy-fails":
-            from toolgym.envs.search_qa.hard import select_copy_fails
-
             tasks = select_copy_fails(tasks, self.index, split=split)
         self.selection = select_split(tasks, split)
         self.split = split
@@ -184,8 +153,6 @@ class SearchQAEnv(ToolEnv):
         """The shared search measures against the question, whether a result showed a gold answer
         (``use/answer_shown``) or the answer given (``use/answer_in_results``), as whole SQuAD words, and
         whether the gold paragraph's id appeared (``use/gold_doc_shown``)."""
-        from toolgym.envs.search_qa.hard import shown_answer  # hard.py builds on this module
-
         question = str(task.metadata.get("question", "")) or task.prompt
         out = search_measures(calls, question=question)
         shown = "\n".join(c.output for c in calls)

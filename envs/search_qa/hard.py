@@ -1,14 +1,14 @@
 """SearchQA's hard questions: questions whose own words do not find their answer, but other words do.
 
 Why: searching an XQuAD question as it is (copying it as the query) shows its gold paragraph among the
-search tool's default :data:`~toolgym.envs.search_qa.env.DEFAULT_K` results for 1,132 of the 1,190
+search tool's default :data:`~toolgym.envs.search_qa.search_results.DEFAULT_K` results for 1,132 of the 1,190
 questions (BM25 over the shipped collection), so a policy that copies the question never needs another
 query, and only 58 questions are left where copying fails. The hard set (``questions="hard"``) is built
 so that copying fails on every question while a query made from a part of the question, or from a name
 shown by a first search, succeeds.
 
 **The test** (:func:`copy_outcome`, :func:`reaches`), run with the environment's own search and result
-text (:func:`~toolgym.envs.search_qa.env.format_results`, ``k = 3``): searching the question itself
+text (:func:`~toolgym.envs.search_qa.search_results.format_results`, ``k = 3``): searching the question itself
 shows neither the gold document, nor a gold answer (as whole words, lower-cased, articles dropped:
 :func:`shown_answer`; anywhere in the shown titles and snippets), nor a shown document whose full text
 holds a gold answer (so copying and then opening a
@@ -55,7 +55,7 @@ from typing import Any
 
 from toolgym.core import Task
 from toolgym.envs.search_qa.data import data_dir, default_corpus, default_questions, load_questions
-from toolgym.envs.search_qa.env import DEFAULT_K, format_results
+from toolgym.envs.search_qa.search_results import DEFAULT_K, format_results
 from toolgym.errors import ConfigError
 from toolgym.splits import hash_split
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from toolgym.core import Task
-from toolgym.envs.search_qa.env import DEFAULT_K
 from toolgym.envs.search_qa.hard import shown_answer
+from toolgym.envs.search_qa.search_results import DEFAULT_K
 from toolgym.parsing import format_tool_call, tool_responses
 
 __all__ = [

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from toolgym.agents.chat.formats import check_chat_format_name
+from toolgym.chat_format_names import check_chat_format_name
 from toolgym.errors import ConfigError
 
 __all__ = [

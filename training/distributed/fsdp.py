@@ -41,6 +41,7 @@ from typing import Any, cast
 
 import torch
 
+from toolgym.training.config import TrainConfig
 from toolgym.training.distributed.step import local_gradients, reduce_sums
 from toolgym.training.learn.batching import LossSums
 from toolgym.training.learn.grpo import StepPlan
@@ -89,7 +90,7 @@ class ShardedLearner:
     """
 
     def __init__(
-        self, model: torch.nn.Module, config: Any, world: int, rank: int, state: dict[str, Any] | None
+        self, model: torch.nn.Module, train: TrainConfig, world: int, rank: int, state: dict[str, Any] | None
     ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -105,20 +106,18 @@ class ShardedLearner:
         self.held = sum(cast(Any, p).to_local().numel() for p in model.parameters()) / max(
             sum(p.numel() for p in model.parameters()), 1
         )
-        self.optimizer = LearnerOptimizer.from_config(
-            model.parameters(), config.train.optim, config.train.steps
-        )
+        self.optimizer = LearnerOptimizer.from_config(model.parameters(), train.optim, train.steps)
         if state is not None:
             self.optimizer.load_state_dict(self._shard_state(state))
-        self.max_grad_norm = config.train.optim.max_grad_norm
+        self.max_grad_norm = train.optim.max_grad_norm
         self.device = device
 
     @classmethod
     def copy_of(
-        cls, model: torch.nn.Module, config: Any, world: int, state: dict[str, Any] | None
+        cls, model: torch.nn.Module, train: TrainConfig, world: int, state: dict[str, Any] | None
     ) -> ShardedLearner:
         """Rank 0's: a sharded copy of its own whole model (which stays whole, for sampling)."""
-        return cls(copy.deepcopy(model), config, world, 0, state)
+        return cls(copy.deepcopy(model), train, world, 0, state)
 
     # ------------------------------------------------------------------ one step
     def accumulate(self, plan: StepPlan, settings: dict[str, Any]) -> tuple[LossSums, float]:

@@ -62,6 +62,7 @@ import torch
 from toolgym.errors import ConfigError, RunStopped
 from toolgym.procs import log_tail
 from toolgym.run_files import create_new, run_folder
+from toolgym.training.config import RunConfig, TrainConfig
 from toolgym.training.distributed.fsdp import ShardedLearner
 from toolgym.training.distributed.ray_actors import RayLearners
 from toolgym.training.distributed.rendezvous import (
@@ -156,7 +157,7 @@ class LearnerGroup:
             )
 
     @classmethod
-    def for_run(cls, config: Any, run_dir: Path) -> LearnerGroup:
+    def for_run(cls, config: RunConfig, run_dir: Path) -> LearnerGroup:
         """The group a training config asks for (logs in ``RUN/learners``), checked against it."""
         tc = config.train
         group = cls(
@@ -170,12 +171,12 @@ class LearnerGroup:
             nodes=tc.learners.nodes,
             resources=tc.learners.resources,
         )
-        group.check_config(config)
+        group.check_config(config.train)
         return group
 
-    def check_config(self, config: Any) -> None:
+    def check_config(self, train: TrainConfig) -> None:
         """The config's limits on several learners, for a world size the config did not set (torchrun)."""
-        config.train.check_learner_count(
+        train.check_learner_count(
             self.world, f"{self.world} learner processes (torchrun's world size)", "several learners"
         )
 
@@ -341,7 +342,7 @@ class LearnerGroup:
         optimizer: Any,
         plan: StepPlan,
         *,
-        config: Any,
+        config: RunConfig,
         step: int,
         **settings: Any,
     ) -> tuple[LossSums, dict[str, float]]:
@@ -399,7 +400,7 @@ class LearnerGroup:
         except Exception as exc:
             raise self._stopped(self.step_number, exc) from exc
 
-    def sync(self, model: torch.nn.Module, optimizer: Any, config: Any, *, step: int = 0) -> None:
+    def sync(self, model: torch.nn.Module, optimizer: Any, config: RunConfig, *, step: int = 0) -> None:
         """Start the group if needed and give every learner ``model`` and ``optimizer``'s state (none
         before its first step): the first learner step does this; call it again after changing the
         weights other than by a learner step (the learners' copies are replaced)."""
@@ -410,7 +411,7 @@ class LearnerGroup:
             torch_dist().broadcast_object_list([("init", model, state, config, self.shard)], src=0)
             self.sharded = None
             if self.shard == "fsdp2":  # rank 0 trains a sharded copy; its own model stays whole
-                self.sharded = ShardedLearner.copy_of(model, config, self.world, state)
+                self.sharded = ShardedLearner.copy_of(model, config.train, self.world, state)
         except RunStopped:
             raise
         except Exception as exc:

@@ -98,7 +98,7 @@ def worker_main(backend: str | None = None, timeout_s: float | None = None) -> i
                 torch.set_num_threads(config.policy.threads or torch.get_num_threads())
                 sharded = None
                 if shard == "fsdp2":
-                    sharded = ShardedLearner(model, config, world, rank, state)
+                    sharded = ShardedLearner(model, config.train, world, rank, state)
                     continue
                 optimizer = LearnerOptimizer.from_config(
                     model.parameters(), config.train.optim, config.train.steps

@@ -22,6 +22,7 @@ from toolgym.agents.eval.evaluate import evaluate
 from toolgym.core import Policy, SamplingParams
 from toolgym.errors import InfraDown
 from toolgym.run_files import open_append
+from toolgym.training.config import RunConfig
 from toolgym.training.heldout.table import check_disjoint
 
 __all__ = ["CURVE_FILE", "curve_point", "read_curve"]
@@ -30,7 +31,7 @@ CURVE_FILE = "heldout_curve.jsonl"
 
 
 async def curve_point(
-    config: Any, run_dir: str | Path, policy: Policy, step: int, train_task_ids: Sequence[str]
+    config: RunConfig, run_dir: str | Path, policy: Policy, step: int, train_task_ids: Sequence[str]
 ) -> dict[str, float]:
     """Evaluate ``policy`` on the curve's slice; append the point to ``heldout_curve.jsonl`` and return it."""
 

@@ -34,6 +34,7 @@ from toolgym.core import SamplingParams, TaskToolEnv
 from toolgym.errors import ConfigError
 from toolgym.records.manifest import env_fingerprint, manifest_differences, weights_sha256
 from toolgym.run_files import run_folder, write_atomic
+from toolgym.training.config import RunConfig
 from toolgym.training.heldout.table import check_disjoint
 
 __all__ = ["can_share_engine", "find_reusable", "run_heldout"]
@@ -47,7 +48,7 @@ _SAME = ("env_id", "env_kwargs", "harnesses", "task_ids", "seeds", "max_total_to
 def _factories(
     specs: Mapping[str, str],
     engine: str,
-    config: Any,
+    config: RunConfig,
     *,
     seed: int,
     max_model_len: int,
@@ -135,7 +136,7 @@ def find_reusable(
     return None
 
 
-def can_share_engine(config: Any, policy: Any) -> bool:
+def can_share_engine(config: RunConfig, policy: Any) -> bool:
     """Whether the training run's vLLM ``policy`` may serve the held-out evaluation in place of a new
     engine: it must be the engine the evaluation would start (the same base model, float32, the
     evaluation's context length, every core serving, no extra engine settings), so the numbers are
@@ -166,7 +167,7 @@ def _updater(bar: Any) -> Callable[[int, int], None]:
 
 
 async def run_heldout(
-    config: Any,
+    config: RunConfig,
     run_dir: str | Path,
     train_task_ids: Sequence[str],
     *,

@@ -23,6 +23,7 @@ import math
 from collections import deque
 from typing import Any
 
+from toolgym.training.config import TrainConfig
 from toolgym.training.learn.grpo import informative
 from toolgym.training.sampling.workers import Group, InfraGuard, RolloutWorkers
 
@@ -34,10 +35,10 @@ log = logging.getLogger(__name__)
 class StepCollector:
     """Takes each step's groups from the workers and admits the waves (see the module docstring)."""
 
-    def __init__(self, config: Any, progress: Any) -> None:
-        self.config = config
+    def __init__(self, train: TrainConfig, progress: Any) -> None:
+        self.train = train
         self.progress = progress
-        self.infra_guard = InfraGuard(config.train.max_infra_groups)
+        self.infra_guard = InfraGuard(train.max_infra_groups)
         self.next_group = 0  # the index after the last group taken: where a resume starts admitting
         self.dropped_groups = 0  # stale groups, over the run
         self.drawn_seen = self.informative_seen = 0  # groups so far, for the waves' size
@@ -46,7 +47,7 @@ class StepCollector:
     def wave_size(self, need: int, room: int) -> int:
         """Groups to draw for ``need`` more informative ones: ``need`` over the run's informative share
         so far (Laplace-smoothed: 1/2 before any group), at most ``room``."""
-        if not self.config.train.dynamic_sampling:
+        if not self.train.dynamic_sampling:
             return need
         share = (self.informative_seen + 1) / (self.drawn_seen + 2)
         return max(1, min(math.ceil(need / share), room))
@@ -54,12 +55,12 @@ class StepCollector:
     def start(self, workers: RolloutWorkers, version: int) -> None:
         """Admit the first waves of this step and of the look-ahead's steps."""
         self._waves.clear()
-        for _ in range(1 + self.config.train.rollouts.max_off_policy_steps):
+        for _ in range(1 + self.train.rollouts.max_off_policy_steps):
             self.admit_next(workers, version)
 
     def admit_next(self, workers: RolloutWorkers, version: int) -> None:
         """Admit the first wave of the next step not yet admitted, at ``version``."""
-        tc = self.config.train
+        tc = self.train
         size = self.wave_size(tc.tasks_per_step, tc.group_budget)
         workers.admit(size, version)
         self._waves.append(size)
@@ -68,7 +69,7 @@ class StepCollector:
         self, workers: RolloutWorkers, version: int, step: int
     ) -> tuple[list[Group], list[int], list[tuple[Group, str]]]:
         """Step ``step``'s groups in index order: ``(kept, their staleness, dropped with the reason)``."""
-        tc = self.config.train
+        tc = self.train
         kept: list[Group] = []
         staleness: list[int] = []
         dropped: list[tuple[Group, str]] = []

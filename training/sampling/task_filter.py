@@ -30,6 +30,7 @@ from toolgym.env import ToolEnv
 from toolgym.errors import ConfigError
 from toolgym.registry import env_reference_rule, make
 from toolgym.run_files import write_atomic
+from toolgym.training.config import RunConfig
 from toolgym.training.learn.grpo import informative
 
 __all__ = ["PassRateFilter", "reference_pool", "task_pool"]
@@ -148,7 +149,7 @@ async def reference_pool(
 
 
 async def task_pool(
-    config: Any, run_dir: Path, task_ids: Sequence[str], progress: Any, policy: Any = None
+    config: RunConfig, run_dir: Path, task_ids: Sequence[str], progress: Any, policy: Any = None
 ) -> list[str] | None:
     """The tasks RL samples under ``train.task_pool`` (``None``: all of them).
 

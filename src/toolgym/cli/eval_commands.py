@@ -143,7 +143,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.max_total_tokens if args.max_total_tokens is not None else (1 << 30 if model_free else 8192)
     )
     chat_format = args.chat_format
-    from toolgym.agents.chat.formats import check_chat_format_name
+    from toolgym.chat_format_names import check_chat_format_name
 
     check_chat_format_name(chat_format, "--chat-format")
     if chat_format != "auto" and spec.engine in ("rule", "http"):

@@ -349,3 +349,13 @@ def test_an_export_keeps_the_format_it_was_trained_with(tmp_path, model_dirs):
     )
     hermes = export_model(tmp_path / "other", model, tokenizer, step=1)  # the default: ChatML, as always
     assert read_manifest(hermes)["chat_format"] == "hermes" and export_problem(hermes) is None
+
+
+def test_every_name_a_config_accepts_has_its_renderer() -> None:
+    """The config checks ``policy.chat_format`` against :mod:`toolgym.chat_format_names` without loading
+    a renderer: the renderers registered are exactly those names, and every accepted name resolves."""
+    from toolgym.agents.chat.formats import RENDERERS
+    from toolgym.chat_format_names import CHAT_FORMATS, RENDERER_NAMES
+
+    assert tuple(RENDERERS) == RENDERER_NAMES
+    assert set(CHAT_FORMATS) == {"auto", "template", *RENDERERS, *(f"template:{c}" for c in RENDERERS)}

@@ -90,7 +90,7 @@ def test_oracle_episode_scores_one(env):
 
 def test_search_without_k_shows_what_the_hard_set_was_built_against(env):
     from toolgym.envs.search_qa import DEFAULT_K
-    from toolgym.envs.search_qa.env import format_results
+    from toolgym.envs.search_qa.search_results import format_results
 
     task = default_questions()[3]
     env.reset(seed=0, options={"task_id": task.id})

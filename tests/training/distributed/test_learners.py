@@ -187,10 +187,10 @@ def test_torchruns_world_size_is_checked_against_the_config_too(monkeypatch) -> 
     group = LearnerGroup(1)  # the config says one; torchrun's four decide
     assert group.world == 4 and group.external
     with pytest.raises(ConfigError, match=r"4 learner processes \(torchrun's world size\)"):
-        group.check_config(load_config(None, OVERRIDES))
+        group.check_config(load_config(None, OVERRIDES).train)
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="kl_coef > 0 with several learners"):
-        LearnerGroup(1).check_config(load_config(None, [*OVERRIDES, "train.loss.kl_coef=0.1"]))
+        LearnerGroup(1).check_config(load_config(None, [*OVERRIDES, "train.loss.kl_coef=0.1"]).train)
 
 
 @pytest.mark.parametrize(

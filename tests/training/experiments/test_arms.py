@@ -98,6 +98,19 @@ def test_settings_layer_base_shared_command_line_then_arm(tmp_path: Path) -> Non
     assert plan.overrides["b"][-1] == "train.optim.lr=0.05"
 
 
+def test_no_shipped_config_or_arms_file_uses_a_key_of_an_earlier_release(recwarn) -> None:
+    """Every shipped config and arms file is written on today's keys: loading one warns of nothing
+    (a flat key such as ``train.lr`` would warn that it moved to ``train.optim.lr``)."""
+    from toolgym.training.config.load import load_config, shipped_configs
+
+    for name in shipped_configs():
+        load_config(name, [])
+    for name in shipped_arms():
+        plan_arms(name, None, [], f"runs/{name}")
+    moved = [str(w.message) for w in recwarn if issubclass(w.category, FutureWarning)]
+    assert not moved, moved
+
+
 def test_the_shipped_arms_files_plan_without_loading_a_model() -> None:
     assert set(shipped_arms()) == {
         "curriculum",
