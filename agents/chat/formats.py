@@ -47,13 +47,11 @@ from toolgym.agents.chat.base import ChatFormat, Reasoning, single_token
 from toolgym.agents.chat.chatml import IM_END, IM_START, ChatMLTemplate, TextTokenizer
 from toolgym.agents.chat.template import TemplateFormat
 from toolgym.call_formats import CALL_FORMATS, H_CALL, H_CHANNEL, H_END, H_MESSAGE, H_RETURN, H_START
-from toolgym.chat_format_names import CHAT_FORMATS, check_chat_format_name
+from toolgym.chat_format_names import CHAT_FORMATS
 from toolgym.core import Message
 from toolgym.errors import ConfigError, did_you_mean
 
 __all__ = [
-    "CHAT_FORMATS",
-    "check_chat_format_name",
     "ChatFormat",
     "HarmonyFormat",
     "HermesFormat",

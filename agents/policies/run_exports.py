@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.chat.chatml import IM_END, IM_START
-from toolgym.agents.chat.formats import CHAT_FORMATS, EXPORT_MANIFEST, REQUIRED
+from toolgym.agents.chat.formats import EXPORT_MANIFEST, REQUIRED
 from toolgym.agents.policies.models import safetensors_problem
+from toolgym.chat_format_names import CHAT_FORMATS
 from toolgym.errors import ConfigError
 from toolgym.file_table import table_problem
 from toolgym.parsing import RESPONSE_CLOSE, RESPONSE_OPEN
