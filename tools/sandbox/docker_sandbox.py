@@ -64,7 +64,7 @@ from toolgym.tools.sandbox.reaper import (
     uids_in_use,
 )
 from toolgym.tools.sandbox.resident import ResidentRunner
-from toolgym.tools.sandbox.session import SandboxSession
+from toolgym.tools.sandbox.session import Boxes, SandboxSession
 
 __all__ = ["DEFAULT_IMAGE", "DockerSandbox", "new_nonce"]
 
@@ -242,7 +242,15 @@ class DockerSandbox:
 
     def session(self) -> SandboxSession:
         """A container kept for one episode; interpreter state persists across its ``run`` calls."""
-        return SandboxSession(self)
+        return SandboxSession(
+            Boxes(
+                self._take,
+                self._discard,
+                self._exec,
+                self.client.api,
+                (self._errors.DockerException, OSError),
+            )
+        )
 
     def wait_removals(self, timeout: float = 30.0) -> None:
         """Block until containers already handed back have been removed (for leak counts in tests)."""

@@ -9,25 +9,38 @@ lost). See :mod:`toolgym.tools.sandbox` for the threat model.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from toolgym.errors import SandboxError
 from toolgym.tools.sandbox.execution import Box, ExecResult, cpu_seconds, program_source
 from toolgym.tools.sandbox.policy import WORKDIR
 
-if TYPE_CHECKING:
-    from toolgym.tools.sandbox.docker_sandbox import DockerSandbox
-
-__all__ = ["SandboxSession"]
+__all__ = ["Boxes", "SandboxSession"]
 
 _SOCKET_PATH = WORKDIR + "/.session.sock"
+
+
+@dataclass(frozen=True)
+class Boxes:
+    """What a session needs of its sandbox (``DockerSandbox.session`` hands it over; the session does
+    not import the sandbox): a hardened container to take, one to throw away, a command run in one with
+    its limits, Docker's low-level API (the interpreter is started detached through it) and the errors
+    that API raises."""
+
+    take: Callable[[], Box]
+    discard: Callable[[Box], None]
+    run: Callable[..., ExecResult]  # (box, cmd, stdin bytes, timeout, *, cpu_limit_s)
+    api: Any
+    api_errors: tuple[type[BaseException], ...]
 
 
 class SandboxSession:
     """One container for one episode; ``run`` keeps interpreter state (see the module docstring)."""
 
-    def __init__(self, sandbox: DockerSandbox) -> None:
-        self.sandbox = sandbox
+    def __init__(self, boxes: Boxes) -> None:
+        self.boxes = boxes
         self._box: Box | None = None
         self._closed = False
         self.restarts = 0
@@ -36,8 +49,8 @@ class SandboxSession:
         if self._closed:
             raise SandboxError("this sandbox session is closed")
         if self._box is None:
-            box = self.sandbox._take()
-            api = self.sandbox.client.api
+            box = self.boxes.take()
+            api = self.boxes.api
             server = program_source("toolgym.tools.sandbox", "programs/repl_server")
             try:
                 exec_id = api.exec_create(
@@ -47,8 +60,8 @@ class SandboxSession:
                     workdir=WORKDIR,
                 )["Id"]
                 api.exec_start(exec_id, detach=True)
-            except (self.sandbox._errors.DockerException, OSError) as exc:
-                self.sandbox._discard(box)
+            except self.boxes.api_errors as exc:
+                self.boxes.discard(box)
                 raise SandboxError(f"could not start the session interpreter: {exc}") from exc
             self._box = box
         return self._box
@@ -65,15 +78,15 @@ class SandboxSession:
         client = program_source("toolgym.tools.sandbox", "programs/repl_client")
         cmd = ["python3", "-c", client, _SOCKET_PATH, str(cpu)]
         try:
-            result = self.sandbox._exec(box, cmd, code.encode("utf-8"), timeout, cpu_limit_s=cpu)
+            result = self.boxes.run(box, cmd, code.encode("utf-8"), timeout, cpu_limit_s=cpu)
         except SandboxError:
             self._box = None
-            self.sandbox._discard(box)
+            self.boxes.discard(box)
             raise
         if result.timed_out or result.output_truncated or result.oom_killed or result.exit_code == 124:
             # The interpreter (and its state) is gone or untrustworthy: start over next time.
             self.restarts += 1
-            self.sandbox._discard(box)
+            self.boxes.discard(box)
             self._box = None
         return result
 
@@ -81,7 +94,7 @@ class SandboxSession:
         """Remove the container. Idempotent."""
         self._closed = True
         if self._box is not None:
-            self.sandbox._discard(self._box)
+            self.boxes.discard(self._box)
             self._box = None
 
     def __enter__(self) -> SandboxSession:
