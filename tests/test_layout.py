@@ -265,6 +265,78 @@ def test_toolgym_imports_sit_at_module_level_unless_listed_lazy():
     assert not problems, "\n".join(problems)
 
 
+def _module_imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """For each module, the toolgym modules it imports anywhere (at module level, inside a function or
+    under ``TYPE_CHECKING``), a package importing its own child modules or a module its own package
+    not counted."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for module in _imports(path):
+            found.add(module)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):  # ``from package import module``
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        graph[name] = {
+            m
+            for m in found
+            if m in modules and m != name and not name.startswith(m + ".") and not m.startswith(name + ".")
+        }
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or around a longer loop (Tarjan)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return found
+
+
+def test_no_two_modules_import_each_other():
+    """No import circle between toolgym's modules, counting every import (a function-level or
+    ``TYPE_CHECKING`` import that closes a loop is still a circle: the two modules are one idea split in
+    two, or one of them holds something of the other's)."""
+    modules = {}
+    for package, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if package == "toolgym" and f"toolgym.{parts[0]}" in FOLDERS:
+                continue  # a mounted folder's own files are listed under its package
+            modules[".".join([package, *parts]).removesuffix(".__init__")] = path
+    assert {"toolgym.core", "toolgym.cli.main", "toolgym.tools.search.index"} <= set(modules)
+    circles = _circles(_module_imports(modules))
+    assert not circles, "\n".join(" <-> ".join(group) for group in circles)
+
+
 def test_dependency_checker_catches_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from toolgym.envs.search_qa import SearchQAEnv\nimport torch\n")
@@ -279,6 +351,13 @@ def test_dependency_checker_catches_a_violation(tmp_path):
     assert (
         _module_file("toolgym.training.trainer") is not None and _module_file("toolgym.training.grpo") is None
     )
+    # the circle check: a loop through a function-level import and a loop of three are both found
+    (tmp_path / "a.py").write_text("from toolgym.b import x\n")
+    (tmp_path / "b.py").write_text("def f():\n    from toolgym import a\n")
+    (tmp_path / "c.py").write_text("import toolgym.a\n")
+    modules = {f"toolgym.{n}": tmp_path / f"{n}.py" for n in "abc"}
+    assert _circles(_module_imports(modules)) == [["toolgym.a", "toolgym.b"]]
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 # ----------------------------------------------------------------------------- markers of the tests

@@ -29,13 +29,14 @@ On-disk layout (one directory per index)::
                          the backend's own files (toolgym.tools.search.bm25_build lists the default's,
                          toolgym.tools.search.dense the dense one's)
 
-Building lives in :mod:`toolgym.tools.search.index_build` (:func:`build_index`, re-exported here): it
+Building lives in :mod:`toolgym.tools.search.index_build` (:func:`~toolgym.tools.search.index_build.build_index`,
+which imports this module; this one does not import it back): it
 streams its corpus, each document checked, hashed and appended to the store as it arrives, so memory
 holds ids, not texts, and writes into a temporary sibling directory renamed into place only when
 complete, so a killed build leaves no half-index under the real name. This module opens. Opening checks
 every file against the manifest, its size always and its sha256 unless the file is unchanged since
 it was last verified (:mod:`toolgym.tools.search.index_files`): a truncated or altered index is never
-used silently. :func:`build_index` then logs a warning and rebuilds it (it has the corpus);
+used silently. :func:`~toolgym.tools.search.index_build.build_index` then logs a warning and rebuilds it (it has the corpus);
 :func:`load_index` raises :class:`~toolgym.errors.BackendError` saying how to fix it. Opening reads no
 file whole, so it costs the same for a thousand documents or a million.
 
@@ -61,7 +62,6 @@ from toolgym.tools.search.index_files import fix_hint, read_manifest
 if TYPE_CHECKING:
     from toolgym.tools.search.dense import DenseSettings
     from toolgym.tools.search.encoder import SentenceEncoder
-    from toolgym.tools.search.index_build import build_command, build_index
 
 __all__ = [
     "BACKENDS",
@@ -70,8 +70,6 @@ __all__ = [
     "Index",
     "SearchIndex",
     "UnknownDocument",
-    "build_command",
-    "build_index",
     "cache_dir",
     "load_index",
 ]
@@ -151,7 +149,7 @@ def check_backend(backend: str) -> None:
 
 
 class Index:
-    """A searchable, read-only document collection. Build with :func:`build_index`, reopen with :func:`load_index`.
+    """A searchable, read-only document collection. Build with :func:`~toolgym.tools.search.index_build.build_index`, reopen with :func:`load_index`.
 
     Thread-safe for concurrent ``search``/``get`` calls. A ``dense`` index embeds queries with
     ``encoder`` (default: the one :func:`_dense_encoder` finds for it) and searches as ``dense`` says
@@ -324,7 +322,7 @@ def _dense_encoder(manifest: dict[str, Any], settings: DenseSettings) -> Sentenc
 def load_index(
     path: str | Path, *, verify: bool | Literal["full"] = True, dense: DenseSettings | None = None
 ) -> Index:
-    """Open an index directory written by :func:`build_index` after checking every file (module docstring).
+    """Open an index directory written by :func:`~toolgym.tools.search.index_build.build_index` after checking every file (module docstring).
 
     Args:
         path: The index directory.
@@ -339,12 +337,3 @@ def load_index(
     """
     path = Path(path)
     return Index(path, read_manifest(path, verify=verify), dense=dense)
-
-
-def __getattr__(name: str) -> Any:
-    # The building half imports this module (Index, cache_dir), so it is re-exported lazily.
-    if name in ("build_index", "build_command"):
-        from toolgym.tools.search import index_build
-
-        return getattr(index_build, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
