@@ -14,6 +14,7 @@ import re
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TypeAlias
 
 from toolgym.cli.eval_commands import (
     cmd_audit_env,
@@ -32,6 +33,10 @@ POLICY_HELP = (
     "run:DIR[@STEP] (a training run's newest or STEP's export), vllm:smollm2|vllm:PATH|vllm:run:DIR[@STEP] "
     "(in-process vLLM), http:URL (OpenAI-compatible server; needs --model)"
 )
+
+
+#: the ``toolgym`` command's sub-command table; each ``_NAME_parser`` adds its command to it
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,15 +63,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The whole command line: the global options, then each command from its own ``_NAME_parser``."""
     parser = argparse.ArgumentParser(
         prog="toolgym", description="Multi-turn tool-use environments, evaluation and RL training."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(title="commands")
+    _envs_parser(sub)
+    _eval_parser(sub)
+    _compare_parser(sub)
+    _export_parser(sub)
+    _checkpoint_parser(sub)
+    _play_parser(sub)
+    _serve_parser(sub)
+    _mcp_parser(sub)
+    _index_parser(sub)
+    _sandbox_parser(sub)
+    _train_parser(sub)
+    _report_parser(sub)
+    add_results_commands(sub)
+    _reverify_parser(sub)
+    _audit_env_parser(sub)
+    _new_env_parser(sub)
+    return parser
 
+
+def _envs_parser(sub: Commands) -> None:
     p = sub.add_parser("envs", help="list registered environment ids")
     p.set_defaults(func=cmd_envs)
 
+
+def _eval_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "eval", help="evaluate a policy on an environment, bare and scaffold tracks side by side"
     )
@@ -128,6 +155,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_allow_option(p)
     p.set_defaults(func=cmd_eval)
 
+
+def _compare_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "compare",
         help="paired difference B - A of two evaluations on the same tasks and seeds: `eval --out` "
@@ -139,6 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_allow_option(p)
     p.set_defaults(func=cmd_compare)
 
+
+def _export_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "export", help="write a Hugging Face model directory from a training run's checkpoint (RUN/export/)"
     )
@@ -146,6 +177,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, default=2, help="exports to keep in RUN_DIR/export (newest first)")
     p.set_defaults(func=cmd_export)
 
+
+def _checkpoint_parser(sub: Commands) -> None:
     p = sub.add_parser("checkpoint", help="training checkpoints: convert one an older toolgym wrote")
     checkpoint = p.add_subparsers(title="checkpoint commands")
     p = checkpoint.add_parser(
@@ -156,6 +189,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.set_defaults(func=cmd_checkpoint_upgrade)
 
+
+def _play_parser(sub: Commands) -> None:
     p = sub.add_parser("play", help="play an environment by hand: you type the agent's turns")
     p.add_argument("env", help="environment id")
     p.add_argument("--seed", type=int, default=0)
@@ -163,6 +198,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_env_options(p)
     p.set_defaults(func=cmd_play)
 
+
+def _serve_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "serve", help="serve an environment over HTTP, one session per episode (client: make('http://...'))"
     )
@@ -186,6 +223,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_env_options(p)
     p.set_defaults(func=cmd_serve)
 
+
+def _mcp_parser(sub: Commands) -> None:
     p = sub.add_parser("mcp", help="serve an environment's tools as an MCP server over stdio")
     p.add_argument("env", help="environment id")
     p.add_argument("--task-id", default=None, help="the episode's task (default: the first)")
@@ -193,6 +232,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_env_options(p)
     p.set_defaults(func=cmd_mcp)
 
+
+def _index_parser(sub: Commands) -> None:
     p = sub.add_parser("index", help="search indexes")
     isub = p.add_subparsers(title="index commands")
     b = isub.add_parser("build", help="build (or reuse) a cached search index from a JSONL corpus")
@@ -210,6 +251,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=None, help="index directory (default: the cache)")
     b.set_defaults(func=cmd_index_build)
 
+
+def _sandbox_parser(sub: Commands) -> None:
     p = sub.add_parser("sandbox", help="the Docker code sandbox")
     ssub = p.add_subparsers(title="sandbox commands")
     b = ssub.add_parser(
@@ -217,6 +260,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=cmd_sandbox_build)
 
+
+def _train_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "train", help="train a policy with the async GRPO trainer (resumes from DIR's checkpoint)"
     )
@@ -263,6 +308,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_train)
 
+
+def _report_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "report",
         help="write RUN_DIR/report.html: curves and a trajectory viewer (an arms set: every arm's curves "
@@ -271,8 +318,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.set_defaults(func=cmd_report)
 
-    add_results_commands(sub)
 
+def _reverify_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "reverify",
         help="re-score a run's stored trajectories with today's environment and verifier (no policy)",
@@ -287,6 +334,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_reverify)
 
+
+def _audit_env_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "audit-env", help="play scripted exploits against an environment: reward to be had without the task"
     )
@@ -300,11 +349,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_env_options(p)
     p.set_defaults(func=cmd_audit_env)
 
+
+def _new_env_parser(sub: Commands) -> None:
     p = sub.add_parser("new-env", help="write a minimal environment (module + test) to start from")
     p.add_argument("name", help="environment name, e.g. Weather")
     p.add_argument("--dir", type=Path, default=Path("."), help="where to write the files")
     p.set_defaults(func=cmd_new_env)
-    return parser
 
 
 def _add_logger_option(p: argparse.ArgumentParser) -> None:
