@@ -318,17 +318,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> list[dict[str, float]]:
-        """Train until ``train.steps``; returns this call's per-step metrics."""
-        tc, hc = self.config.train, self.config.heldout
-        write_atomic(self.run_dir / "config.json", json.dumps(to_dict(self.config), indent=2))
-        write_train_manifest(
-            self.run_dir,
-            self.config,
-            self.env_fingerprint,
-            self.task_ids,
-            model_dir=getattr(self.policy, "model_dir", None),
-            resuming=self.step > 0 or self.warm_started,
-        )
+        """Train until ``train.steps``; returns this call's per-step metrics.
+
+        The phases: the run's records, what comes before the first rollout (the warm start, the curve's
+        first point, the task pool), the rollout workers, then :meth:`_step` until the last step.
+        """
+        tc = self.config.train
+        self._write_records()
         factories = [
             env_factory(
                 tc.rollouts.backend, env.id, dict(env.kwargs), ray_env_actors=tc.rollouts.ray_env_actors
@@ -341,88 +337,18 @@ class Trainer:
                 free()
 
         try:
-            await run_warm_start(self, factories[0][0])  # before any rollout worker samples
-            if hc.every and self.step == 0:
-                await self._curve()
-            pool = await task_pool(self.config, self.run_dir, self.task_ids, self.progress, self.policy)
-            if pool is not None:
-                self.sampler.samplers[0].task_ids = pool
+            await self._before_rollouts(factories[0][0])
         except BaseException:
             release()
             raise
-        routes = [
-            EnvRoute(make, harness, self._options_for(curriculum), env.max_total_tokens)
-            for (make, _), harness, curriculum, env in zip(
-                factories, self.harnesses, self.curricula, self.config.envs, strict=True
-            )
-        ]
-        workers = RolloutWorkers(
-            envs=routes,
-            policy=self.policy,
-            sampler=self.sampler,
-            sampling=SamplingParams(
-                max_tokens=self.config.sampling.max_tokens, temperature=self.config.sampling.temperature
-            ),
-            workers=tc.rollouts.workers,
-            start=self.collector.next_group,
-            skip=self.task_filter.skip if self.task_filter is not None else None,
-        )
+        workers = self._rollout_workers([make for make, _ in factories])
         self.collector.start(workers, self.policy.policy_version)
         history: list[dict[str, float]] = []
-        mixed = self.config.is_mixture
         try:
             with self.progress.task("training", total=tc.steps, completed=self.step) as bar:
                 while self.step < tc.steps:
-                    t0 = time.perf_counter()
-                    kept, stale, dropped = await self.collector.collect(
-                        workers, self.policy.policy_version, self.step + 1
-                    )
-                    wait, t1 = time.perf_counter() - t0, time.perf_counter()
-                    result = await self._learn(kept, workers)
-                    guarded = self.guard.observe(
-                        self.step + 1, result.skipped, [g.trajectories for g in kept]
-                    )
-                    drawn = [*kept, *(g for g, why in dropped if why != "stale")]
-                    # the mixture's weights and the task filter move before the next groups are admitted
-                    self.sampler.observe([g.env for g in drawn], [g.trajectories for g in drawn])
-                    if self.task_filter is not None:
-                        self.task_filter.observe([(g.task_id, g.trajectories) for g in drawn])
-                    self.step += 1
-                    events = observe_curricula(self.curricula, self.env_names if mixed else None, drawn)
-                    records = group_records(kept, result, dropped)
-                    curriculum = mixture_metrics(self, drawn) if mixed else self.curriculum.metrics()
-                    if self.task_filter is not None:
-                        curriculum = {**curriculum, **self.task_filter.metrics()}
-                    metrics = step_metrics(
-                        records,
-                        result,
-                        config=self.config,
-                        step=self.step,
-                        policy_version=self.policy.policy_version,
-                        stale=stale,
-                        dropped_groups=self.collector.dropped_groups,
-                        wait=wait,
-                        t_learn=time.perf_counter() - t1,
-                        curriculum=curriculum,
-                    )
-                    metrics.update(guarded)
-                    episodes = [t for r in records for t in r.group.trajectories]
-                    left_out = sum(t.status == "infra_error" for t in episodes)
-                    if warning := left_out_warning(f"step {self.step}", left_out, len(episodes)):
-                        self.progress.warn(warning)
-                    # the curve before the next wave is admitted: no rollout runs beside it
-                    if hc.every and self.step % hc.every == 0:
-                        metrics.update({k: v for k, v in (await self._curve()).items() if k != "step"})
-                    self.collector.admit_next(workers, self.policy.policy_version)
-                    names = self.env_names if mixed else None
-                    write_step(self.run_dir, self.step, records, metrics, events, names)
-                    track_step(self.trackers, self.step, records, metrics)
-                    self.last_metrics = metrics
-                    history.append(metrics)
-                    if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 or self.step == tc.steps:
-                        save_checkpoint(self.run_dir, self.state_dict())
-                        export_checkpoint(self.run_dir, self.model, self.policy, step=self.step)
-                    bar.update(self.step, note=_step_note(metrics))
+                    history.append(await self._step(workers))
+                    bar.update(self.step, note=_step_note(history[-1]))
             self.learners.finish(self.model, self.step)  # every learner ends with rank 0's weights
         finally:
             try:
@@ -430,6 +356,100 @@ class Trainer:
             finally:
                 release()
         return history
+
+    def _write_records(self) -> None:
+        """The run's config and run manifest, written (again) at every start."""
+        write_atomic(self.run_dir / "config.json", json.dumps(to_dict(self.config), indent=2))
+        write_train_manifest(
+            self.run_dir,
+            self.config,
+            self.env_fingerprint,
+            self.task_ids,
+            model_dir=getattr(self.policy, "model_dir", None),
+            resuming=self.step > 0 or self.warm_started,
+        )
+
+    async def _before_rollouts(self, make_env: Callable[[], Any]) -> None:
+        """The warm start (before any rollout worker samples), the curve's first point and the task pool."""
+        await run_warm_start(self, make_env)
+        if self.config.heldout.every and self.step == 0:
+            await self._curve()
+        pool = await task_pool(self.config, self.run_dir, self.task_ids, self.progress, self.policy)
+        if pool is not None:
+            self.sampler.samplers[0].task_ids = pool
+
+    def _rollout_workers(self, makes: Sequence[Callable[[], Any]]) -> RolloutWorkers:
+        """The workers that sample every environment's episodes with the training policy."""
+        routes = [
+            EnvRoute(make, harness, self._options_for(curriculum), env.max_total_tokens)
+            for make, harness, curriculum, env in zip(
+                makes, self.harnesses, self.curricula, self.config.envs, strict=True
+            )
+        ]
+        return RolloutWorkers(
+            envs=routes,
+            policy=self.policy,
+            sampler=self.sampler,
+            sampling=SamplingParams(
+                max_tokens=self.config.sampling.max_tokens, temperature=self.config.sampling.temperature
+            ),
+            workers=self.config.train.rollouts.workers,
+            start=self.collector.next_group,
+            skip=self.task_filter.skip if self.task_filter is not None else None,
+        )
+
+    async def _step(self, workers: RolloutWorkers) -> dict[str, float]:
+        """One step: collect the groups, learn from them, let the samplers and curricula see them, log,
+        measure the curve when due, admit the next wave, write the step and checkpoint when due."""
+        tc, hc = self.config.train, self.config.heldout
+        t0 = time.perf_counter()
+        kept, stale, dropped = await self.collector.collect(
+            workers, self.policy.policy_version, self.step + 1
+        )
+        wait, t1 = time.perf_counter() - t0, time.perf_counter()
+        result = await self._learn(kept, workers)
+        guarded = self.guard.observe(self.step + 1, result.skipped, [g.trajectories for g in kept])
+        drawn = [*kept, *(g for g, why in dropped if why != "stale")]
+        # the mixture's weights and the task filter move before the next groups are admitted
+        self.sampler.observe([g.env for g in drawn], [g.trajectories for g in drawn])
+        if self.task_filter is not None:
+            self.task_filter.observe([(g.task_id, g.trajectories) for g in drawn])
+        self.step += 1
+        mixed = self.config.is_mixture
+        names = self.env_names if mixed else None
+        events = observe_curricula(self.curricula, names, drawn)
+        records = group_records(kept, result, dropped)
+        curriculum = mixture_metrics(self, drawn) if mixed else self.curriculum.metrics()
+        if self.task_filter is not None:
+            curriculum = {**curriculum, **self.task_filter.metrics()}
+        metrics = step_metrics(
+            records,
+            result,
+            config=self.config,
+            step=self.step,
+            policy_version=self.policy.policy_version,
+            stale=stale,
+            dropped_groups=self.collector.dropped_groups,
+            wait=wait,
+            t_learn=time.perf_counter() - t1,
+            curriculum=curriculum,
+        )
+        metrics.update(guarded)
+        episodes = [t for r in records for t in r.group.trajectories]
+        left_out = sum(t.status == "infra_error" for t in episodes)
+        if warning := left_out_warning(f"step {self.step}", left_out, len(episodes)):
+            self.progress.warn(warning)
+        # the curve before the next wave is admitted: no rollout runs beside it
+        if hc.every and self.step % hc.every == 0:
+            metrics.update({k: v for k, v in (await self._curve()).items() if k != "step"})
+        self.collector.admit_next(workers, self.policy.policy_version)
+        write_step(self.run_dir, self.step, records, metrics, events, names)
+        track_step(self.trackers, self.step, records, metrics)
+        self.last_metrics = metrics
+        if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 or self.step == tc.steps:
+            save_checkpoint(self.run_dir, self.state_dict())
+            export_checkpoint(self.run_dir, self.model, self.policy, step=self.step)
+        return metrics
 
     def _options_for(self, curriculum: Any) -> Callable[[str], dict[str, Any]]:
         """A training episode's reset options: the curriculum's, and with ``train.reward_control =
