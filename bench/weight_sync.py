@@ -91,7 +91,7 @@ def measure(kind: str, model_dir: Path, rounds: int, dtype: str, file_dtype: str
     import torch
 
     from toolgym.training.learn.loss import token_logprobs
-    from toolgym.training.policy_handle import learner_model
+    from toolgym.training.policy_build import learner_model
     from toolgym.training.weight_sync import VLLMWeightSync
 
     t0 = time.perf_counter()

@@ -66,10 +66,10 @@ RANKS = {
 #: function-level imports of toolgym modules in agents/ and training/, each lazy for a reason: the policy
 #: kind's module (and its heavy or optional stack: transformers, vLLM) loads only for the kind built
 LAZY = {
-    ("training/policy_handle.py", "toolgym.agents.policies.hf"),
-    ("training/policy_handle.py", "toolgym.agents.policies.vllm"),
-    ("training/policy_handle.py", "toolgym.agents.policies.vllm_server"),
-    ("training/policy_handle.py", "toolgym.training.tiny_policy"),
+    ("training/policy_build.py", "toolgym.agents.policies.hf"),
+    ("training/policy_build.py", "toolgym.agents.policies.vllm"),
+    ("training/policy_build.py", "toolgym.agents.policies.vllm_server"),
+    ("training/policy_build.py", "toolgym.training.tiny_policy"),
     ("agents/policies/factory.py", "toolgym.agents.policies.http"),
     ("agents/policies/factory.py", "toolgym.agents.policies.hf"),
     ("agents/policies/factory.py", "toolgym.agents.policies.vllm"),

@@ -15,7 +15,7 @@
 
 At the top: :mod:`~toolgym.training.trainer` (the loop), :mod:`~toolgym.training.commands`
 (``toolgym train``/``report``), the config (:mod:`~toolgym.training.config`: the TOML file's tables as frozen dataclasses), the trained
-policy (:mod:`~toolgym.training.policy_handle`), checkpoints, exports, the weight sync, the warm start,
+policy (:mod:`~toolgym.training.policy_build` builds it, :mod:`~toolgym.training.policy_handle` publishes its weights), checkpoints, exports, the weight sync, the warm start,
 the step log and progress, and the run's result file (:mod:`~toolgym.training.run_result`). Dependencies run one way: experiments -> the top -> sampling, distributed,
 heldout -> distributed -> learn -> config (``tests/test_layout.py`` holds the rule).
 """

@@ -17,7 +17,7 @@ One loop, readable top to bottom (:meth:`Trainer.run`):
 Weight sync, by policy. ``hf`` and ``tiny`` policies sample from the learner's own module, so the
 sync is the version bump under the policy's weights lock. A ``vllm`` policy serves its own copy in an
 engine process: the learner loads a separate fp32 transformers model of the same checkpoint
-(:func:`~toolgym.training.policy_handle.learner_model`) and pushes it into the engine in place after each
+(:func:`~toolgym.training.policy_build.learner_model`) and pushes it into the engine in place after each
 step (:class:`~toolgym.training.weight_sync.VLLMWeightSync`); the engine's ``load_weights`` is what
 bumps ``policy_version``. Policies whose sampled token ids or logprobs are not exact (``token_exact =
 False``, e.g. :class:`~toolgym.agents.policies.http.HTTPPolicy`) are refused.
@@ -43,10 +43,8 @@ import copy
 import dataclasses
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
@@ -79,7 +77,8 @@ from toolgym.training.learn.lora import apply_lora
 from toolgym.training.learn.optim import LearnerOptimizer
 from toolgym.training.learn.rewards import shaped_reward
 from toolgym.training.learn.step_guard import StepGuard, nonfinite_logprobs
-from toolgym.training.policy_handle import Closable, build_policy, learner_model, require_trainable
+from toolgym.training.policy_build import Closable, build_policy, learner_model, require_trainable
+from toolgym.training.policy_handle import PolicyHandle
 from toolgym.training.progress import RunProgress
 from toolgym.training.sampling.collect import StepCollector
 from toolgym.training.sampling.curriculum import ToolCurriculum
@@ -129,7 +128,7 @@ class Trainer:
             require_trainable(policy)
         self._owns_policy = policy is None
         self.policy: TrainablePolicy | ServedPolicy = policy if policy is not None else self._start_policy()
-        self.weight_sync: Any = None
+        weight_sync: VLLMWeightSync | None = None
         tc = config.train
         try:
             if isinstance(self.policy, TrainablePolicy) and isinstance(self.policy.model, torch.nn.Module):
@@ -140,7 +139,7 @@ class Trainer:
 
                 dtype = file_dtype(config.policy.dtype, config.policy.learner_device)
                 base = config.policy.weights_dir if isinstance(config.policy, EngineConfig) else ""
-                self.weight_sync = VLLMWeightSync(self.policy, dtype=dtype, base=base or None)
+                weight_sync = VLLMWeightSync(self.policy, dtype=dtype, base=base or None)
                 self.model = learner_model(self.policy.model_dir, config.policy.learner_device)
             else:
                 raise ConfigError(
@@ -149,11 +148,11 @@ class Trainer:
                 )
             apply_lora(self.model, tc.lora, seed=tc.seed)  # no-op at lora_rank = 0
         except BaseException:
+            if weight_sync is not None:
+                weight_sync.close()
             self.close()
             raise
-        self._weights_lock: AbstractContextManager[Any] = (
-            self.policy.weights_lock if isinstance(self.policy, TrainablePolicy) else threading.RLock()
-        )
+        self.handle = PolicyHandle(self.policy, self.model, weight_sync)
         self.optimizer = LearnerOptimizer.from_config(self.model.parameters(), tc.optim, tc.steps)
         self.reference = None
         if tc.loss.kl_coef > 0:
@@ -278,15 +277,7 @@ class Trainer:
         restore_rng(state["rng"])
         self.step = int(state["step"])
         version = int(state["policy_version"])
-        if self.weight_sync is not None and version != self.policy.policy_version:
-            if version < self.policy.policy_version:
-                raise ConfigError(
-                    f"the vLLM engine already serves version {self.policy.policy_version}, newer than the "
-                    f"checkpoint's {version}: resume with a fresh engine"
-                )
-            self.weight_sync.sync(self.model, version)  # the engine serves the restored weights
-        # an engine already at ``version`` is this process's own, which these weights came from
-        self.policy.policy_version = version
+        self.handle.restore(version)
         sizes = _log_sizes(state.get("log_sizes"), self.run_dir)
         for name, size in sizes.items():
             truncate_to(self.run_dir / name, size)
@@ -300,8 +291,9 @@ class Trainer:
         learners = getattr(self, "learners", None)
         if learners is not None:
             learners.close()
-        if self.weight_sync is not None:
-            self.weight_sync.close()
+        handle = getattr(self, "handle", None)  # none when the start failed before it was made
+        if handle is not None:
+            handle.close()
         if self._owns_policy and not keep_policy and isinstance(self.policy, Closable):
             self.policy.close()
 
@@ -518,23 +510,19 @@ class Trainer:
         )
 
     def _publish(self, plan: StepPlan, finite_loss: bool = True) -> tuple[float, dict[str, float]]:
-        """Step and publish the weights as the next version (under the weights lock); a step the
-        optimizer skipped (a non-finite loss or gradient) publishes nothing.
+        """The optimizer step, published as the next weight version (:meth:`PolicyHandle.publish`); a
+        step the optimizer skipped (a non-finite loss or gradient) publishes nothing."""
+        grad_norm = 0.0
 
-        NOTE (weight sync): an hf/tiny policy samples from this very module; the update and the version
-        bump happen under its weights lock so that no completion mixes two weight versions. A vLLM
-        engine is updated in place (its load_weights sets policy_version).
-        """
-        with self._weights_lock:
+        def step() -> bool:
+            nonlocal grad_norm
             grad_norm = self.learners.optimizer_step(
                 self.model, self.optimizer, self.config.train.optim.max_grad_norm, finite_loss=finite_loss
             )
-            if self.optimizer.last_skipped:
-                return grad_norm, {}
-            if self.weight_sync is not None:
-                return grad_norm, self.weight_sync.sync(self.model, self.policy.policy_version + 1)
-            self.policy.policy_version += 1
-        return grad_norm, {}
+            return not self.optimizer.last_skipped
+
+        timings = self.handle.publish(step)
+        return grad_norm, timings
 
     @property
     def heldout_train_ids(self) -> list[str]:

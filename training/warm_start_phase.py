@@ -87,11 +87,7 @@ async def run_warm_start(trainer: Any, make_env: Callable[[], Any]) -> None:
         raise ConfigError(_hash_refusal(source, digest))
     result = dataclasses.replace(result, weights_sha256=digest)
     trainer.optimizer.reload_masters()  # a bf16 model's fp32 masters still hold the weights before it
-    with trainer._weights_lock:
-        if trainer.weight_sync is not None:
-            trainer.weight_sync.sync(trainer.model, trainer.policy.policy_version + 1)
-        else:
-            trainer.policy.policy_version += 1
+    trainer.handle.publish()  # the warm-started weights, as the next version
     if trainer.reference is not None:  # the KL anchors to the warm-started policy
         trainer.reference.load_state_dict(trainer.model.state_dict())
     trainer.warm_started = True
@@ -148,7 +144,7 @@ async def _make_warm_start(trainer: Any, make_env: Callable[[], Any], started: f
             kept,
             ws,
             seed=warm_start_seed(config),
-            lock=trainer._weights_lock,
+            lock=trainer.handle.lock,
             progress=lambda done, total: bar.update(done, total=total),
         )
     return summarize(episodes, kept, losses, started, tools=tuple(tools))

@@ -103,7 +103,7 @@ async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path, run
     assert started, "the vLLM engine core should run in its own process"
     try:
         trainer = Trainer(config, tmp_path, policy=policy)
-        assert trainer.weight_sync is not None
+        assert trainer.handle.weight_sync is not None
         assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
         sequence = policy.render(
             [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say a word."}]
@@ -138,7 +138,9 @@ async def test_vllm_rollouts_train_and_sync_weights_in_place(tmp_path: Path, run
             policy=dataclasses.replace(config.policy, weights_dir=str(shared)),
         )
         resumed = Trainer(config2, tmp_path, policy=policy)
-        assert resumed.weight_sync is not None and resumed.weight_sync.directory.parent == shared
+        assert (
+            resumed.handle.weight_sync is not None and resumed.handle.weight_sync.directory.parent == shared
+        )
         assert resumed.resume() and resumed.step == 1
         assert _worst(_learner_logprobs(resumed.model, sequence), learned) < 1e-6
         second = await resumed.run()
@@ -227,7 +229,7 @@ async def test_a_bfloat16_engine_serves_a_bfloat16_file_as_it_serves_the_fp32_on
 
     from toolgym.agents.policies.spec import resolve_model_dir
     from toolgym.agents.policies.vllm import VLLMPolicy
-    from toolgym.training.policy_handle import learner_model
+    from toolgym.training.policy_build import learner_model
     from toolgym.training.weight_sync import VLLMWeightSync
 
     model_dir = resolve_model_dir(None)

@@ -231,7 +231,7 @@ REFUSALS = {
 
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_bad_arms_are_refused_at_start_before_any_model_loads(tmp_path: Path, monkeypatch, case: str) -> None:
-    import toolgym.training.policy_handle as policies
+    import toolgym.training.policy_build as policies
     import toolgym.training.trainer as trainer  # imported first: it holds build_policy by name
 
     def no_model(*args: Any, **kwargs: Any) -> Any:
