@@ -24,6 +24,7 @@ shared ``(task, seed)`` episodes gets a bootstrap 95% interval; a pair where eit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,7 @@ from toolgym.agents.rollout import write_trajectories
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
 from toolgym.records.manifest import RUN_MANIFEST, manifest_differences, read_run_manifest
+from toolgym.registry import explicit_kwargs
 from toolgym.run_files import write_atomic
 
 __all__ = [
@@ -128,6 +130,11 @@ def settings_differences(a: EvalSettings, b: EvalSettings, fields: Sequence[str]
         else:
             out.append(f"{name} ({json.dumps(va, sort_keys=True)} vs {json.dumps(vb, sort_keys=True)})")
     return out
+
+
+def _defaults_dropped(settings: EvalSettings) -> EvalSettings:
+    """``settings`` with the environment arguments given at their default left out (:func:`explicit_kwargs`)."""
+    return dataclasses.replace(settings, env_kwargs=explicit_kwargs(settings.env_id, settings.env_kwargs))
 
 
 def _short(values: list[Any], i: int) -> str:
@@ -376,7 +383,7 @@ def compare_runs(a: EvalRun, b: EvalRun, *, seed: int = 0, allow: Sequence[str] 
                 f"{run.label} is incomplete ({n} of {total} episodes); finish it first by running the same "
                 "`toolgym eval` command again (it resumes)"
             )
-    diff = settings_differences(a.settings, b.settings, COMPARE_FIELDS)
+    diff = settings_differences(_defaults_dropped(a.settings), _defaults_dropped(b.settings), COMPARE_FIELDS)
     if diff:
         raise ConfigError(
             f"cannot compare {a.label} and {b.label}: their episodes differ in {'; '.join(diff)}. "

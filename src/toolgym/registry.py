@@ -14,6 +14,7 @@ An ``http(s)://host:port`` id names an environment served by ``toolgym serve``
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "env_creator",
     "env_ids",
     "env_reference_rule",
+    "explicit_kwargs",
     "is_remote_id",
     "make",
     "register_all",
@@ -143,6 +145,22 @@ def check_id(env_id: str) -> None:
             f"unknown environment id {name!r}.{did_you_mean(name, [*env_ids(), *gymnasium.registry])} "
             f"toolgym registers: {', '.join(env_ids())} (see `toolgym envs`)"
         ) from None
+
+
+def explicit_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the arguments given at the environment's own default: SearchQA's
+    ``retriever="bm25"`` named or left out builds the same environment, so records of the two compare.
+    As given when the environment's constructor cannot be read (an unknown or served id)."""
+    try:
+        parameters = inspect.signature(env_creator(env_id)).parameters
+    except (ConfigError, TypeError, ValueError):
+        return dict(kwargs)
+    empty = inspect.Parameter.empty
+    return {
+        k: v
+        for k, v in kwargs.items()
+        if k not in parameters or parameters[k].default is empty or parameters[k].default != v
+    }
 
 
 def env_creator(env_id: str) -> Any:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import ConfigError
+from toolgym.registry import explicit_kwargs
 from toolgym.run_files import write_atomic
 
 __all__ = [
@@ -247,8 +248,10 @@ def _under(key: str, prefixes: Sequence[str]) -> bool:
 def manifest_differences(
     a: Mapping[str, Any], b: Mapping[str, Any], *, allow: Sequence[str] = ()
 ) -> list[str]:
-    """``"field: A vs B"`` for every task field (:data:`TASK_FIELDS`) that differs and is not allowed."""
-    fa, fb = flatten(a), flatten(b)
+    """``"field: A vs B"`` for every task field (:data:`TASK_FIELDS`) that differs and is not allowed
+    (an environment argument given at the environment's default equals one left out:
+    :func:`~toolgym.registry.explicit_kwargs`)."""
+    fa, fb = flatten(_defaults_dropped(a)), flatten(_defaults_dropped(b))
     out = []
     for key in sorted(set(fa) | set(fb)):
         if not _under(key, TASK_FIELDS) or _under(key, allow):
@@ -256,6 +259,13 @@ def manifest_differences(
         if fa.get(key) != fb.get(key):
             out.append(f"{key}: {_short(fa.get(key, '(absent)'))} vs {_short(fb.get(key, '(absent)'))}")
     return out
+
+
+def _defaults_dropped(manifest: Mapping[str, Any]) -> Mapping[str, Any]:
+    env = manifest.get("env")
+    if not isinstance(env, Mapping) or not isinstance(env.get("kwargs"), Mapping) or "id" not in env:
+        return manifest
+    return {**manifest, "env": {**env, "kwargs": explicit_kwargs(str(env["id"]), env["kwargs"])}}
 
 
 def _short(value: Any) -> str:

@@ -128,3 +128,31 @@ def test_the_random_retriever_shows_a_gold_document_no_more_often_than_chance() 
     finally:
         env.close()
         bm25.close()
+
+
+def test_the_default_retriever_named_or_left_out_is_the_same_environment() -> None:
+    """``retriever="bm25"`` is SearchQA's default: a record that names it pairs with one that leaves it
+    out (a held-out evaluation that had to name it, beside one that did not); any other value does not."""
+    import gymnasium
+
+    import toolgym  # noqa: F401
+    from toolgym.registry import explicit_kwargs
+
+    env_id = "toolgym/SearchQA-v0"
+    assert explicit_kwargs(env_id, {"retriever": "bm25", "max_turns": 4}) == {"max_turns": 4}
+    assert explicit_kwargs(env_id, {"retriever": "random", "max_turns": 3}) == {
+        "retriever": "random",
+        "max_turns": 3,
+    }
+    assert explicit_kwargs("toolgym/NoSuchEnv-v0", {"retriever": "bm25"}) == {"retriever": "bm25"}
+    named = gymnasium.make(env_id, split="test", retriever="bm25")
+    plain = gymnasium.make(env_id, split="test")
+    try:
+        a = {"env": env_fingerprint(named.unwrapped, env_id, {"split": "test", "retriever": "bm25"})}
+        b = {"env": env_fingerprint(plain.unwrapped, env_id, {"split": "test"})}
+        assert manifest_differences(a, b) == []
+        other = {"env": {**b["env"], "kwargs": {"split": "test", "retriever": "dense"}}}
+        assert manifest_differences(other, b) == ['env.kwargs.retriever: "dense" vs "(absent)"']
+    finally:
+        named.close()
+        plain.close()
