@@ -114,7 +114,9 @@ def _python_files():
             yield _layer_of(path), path
 
 
-def _imports(path: Path):
+def _imports(path: Path, *, names: bool = False):
+    """The modules ``path`` imports anywhere; ``names``: also ``module.name`` for each ``from module
+    import name`` (the name may be a module of its own)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -122,6 +124,8 @@ def _imports(path: Path):
                 yield alias.name
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.module
+            if names:
+                yield from (f"{node.module}.{alias.name}" for alias in node.names)
 
 
 def _subpackage(module: str) -> str | None:
@@ -214,7 +218,7 @@ def _sub_of(package: str, module: str) -> str | None:
 def _module_of(path: Path) -> str:
     for package, folder in FOLDERS.items():
         if folder in path.parents and (
-            package != "toolgym" or path.relative_to(folder).parts[0] not in LAYERS
+            package != "toolgym" or f"toolgym.{path.relative_to(folder).parts[0]}" not in FOLDERS
         ):
             parts = path.relative_to(folder).with_suffix("").parts
             return ".".join([package, *parts]).removesuffix(".__init__")
@@ -271,16 +275,9 @@ def _module_imports(modules: dict[str, Path]) -> dict[str, set[str]]:
     not counted."""
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        found = set()
-        for module in _imports(path):
-            found.add(module)
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):  # ``from package import module``
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.update(f"{node.module}.{alias.name}" for alias in node.names)
         graph[name] = {
             m
-            for m in found
+            for m in _imports(path, names=True)
             if m in modules and m != name and not name.startswith(m + ".") and not m.startswith(name + ".")
         }
     return graph
@@ -325,13 +322,7 @@ def test_no_two_modules_import_each_other():
     """No import circle between toolgym's modules, counting every import (a function-level or
     ``TYPE_CHECKING`` import that closes a loop is still a circle: the two modules are one idea split in
     two, or one of them holds something of the other's)."""
-    modules = {}
-    for package, folder in FOLDERS.items():
-        for path in folder.rglob("*.py"):
-            parts = path.relative_to(folder).with_suffix("").parts
-            if package == "toolgym" and f"toolgym.{parts[0]}" in FOLDERS:
-                continue  # a mounted folder's own files are listed under its package
-            modules[".".join([package, *parts]).removesuffix(".__init__")] = path
+    modules = {_module_of(path): path for _, path in _python_files()}
     assert {"toolgym.core", "toolgym.cli.main", "toolgym.tools.search.index"} <= set(modules)
     circles = _circles(_module_imports(modules))
     assert not circles, "\n".join(" <-> ".join(group) for group in circles)
