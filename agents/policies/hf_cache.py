@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-__all__ = ["DecodeCache", "plain_layers", "prefill_row"]
+__all__ = ["BufferLayer", "DecodeCache", "LayerKV", "plain_layers", "prefill_row"]
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 
@@ -54,7 +54,7 @@ def prefill_row(
     return out.logits[0, -1], layers
 
 
-class _BufferLayer(DynamicLayer):
+class BufferLayer(DynamicLayer):
     """A ``DynamicLayer`` over preallocated ``[batch, kv_heads, capacity, head_dim]`` buffers."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
@@ -95,7 +95,7 @@ class DecodeCache:
         self.lengths = lengths
         capacity = self.width + extra
         first = rows[0]
-        layers: list[_BufferLayer] = []
+        layers: list[BufferLayer] = []
         for index, (k0, v0) in enumerate(first):
             keys = k0.new_zeros((len(rows), k0.shape[0], capacity, k0.shape[-1]))
             values = v0.new_zeros((len(rows), v0.shape[0], capacity, v0.shape[-1]))
@@ -103,7 +103,7 @@ class DecodeCache:
                 k, v = row[index]
                 keys[i, :, self.width - lengths[i] : self.width] = k
                 values[i, :, self.width - lengths[i] : self.width] = v
-            layers.append(_BufferLayer(keys, values, self.width))
+            layers.append(BufferLayer(keys, values, self.width))
         self.layers = layers
         self.cache = DynamicCache()
         self.cache.layers = list(layers)

@@ -22,6 +22,7 @@ import transformers
 
 from toolgym import FunctionTool, Score, Task, ToolEnv
 from toolgym.agents.policies.hf import HFPolicy
+from toolgym.agents.policies.hf_decode import ContinuousDecoder
 from toolgym.agents.policies.models import smollm2_path
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.parsing import format_tool_call
@@ -170,22 +171,44 @@ class ForcedPolicy(HFPolicy):
         """Queue raw draws (no end-of-turn token added)."""
         self.scripts += [list(i) for i in ids]
 
+    def _new_decoder(self, cls: Any = None, **extra: Any) -> Any:
+        return super()._new_decoder(ForcedDecoder, forced=self._forced)
+
     def _sample_row(self, row: Any, logits: Any) -> int:
+        if self._forced(row, logits):
+            return row.ids[-1]
+        return super()._sample_row(row, logits)
+
+    def _forced(self, row: Any, logits: Any) -> bool:
+        """Record the next scripted token of ``row`` (its script taken at its first draw); ``False``
+        when the row has no script."""
         if not hasattr(row, "script"):
             row.script = self.scripts.pop(0) if self.scripts else None
         if row.script is None:
-            return super()._sample_row(row, logits)
+            return False
         sampling = row.request.sampling
         token = row.script[len(row.ids)]
         scaled = logits if sampling.temperature == 0 else logits / sampling.temperature
-        row.ids.append(token)
-        row.logprobs.append(float(torch.log_softmax(scaled.float(), dim=-1)[token]))
-        stop_string = sampling.stop and any(s in self.tokenizer.decode(row.ids) for s in sampling.stop)
-        if token in self.stop_ids or stop_string:
-            row.finish = "stop"
-        elif len(row.ids) >= row.max_tokens or len(row.ids) == len(row.script):
+        logprob = float(torch.log_softmax(scaled.float(), dim=-1)[token])
+        row.record(token, logprob, self.stop_ids, self.tokenizer.decode)
+        if row.finish is None and len(row.ids) == len(row.script):
             row.finish = "length"
-        return token
+        return True
+
+
+class ForcedDecoder(ContinuousDecoder):
+    """The continuous scheduler's decoder with :meth:`ForcedPolicy._forced` draws for scripted rows."""
+
+    def __init__(self, *args: Any, forced: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.forced = forced
+
+    def draw(self, rows: list[Any], logits: Any) -> list[Any]:
+        free = [i for i, row in enumerate(rows) if not self.forced(row, logits[i])]
+        done = [row for row in rows if row.finish is not None]
+        if free:
+            done += super().draw([rows[i] for i in free], logits[free])
+        return done
 
 
 def rescored(policy: HFPolicy, trajectory: Trajectory) -> list[tuple[float, float]]:

@@ -142,6 +142,11 @@ def test_an_override_of_the_kind_leaves_out_the_file_s_settings_of_another_kind(
     # the later of two kinds wins, with what was given after it
     cfg = load_config(None, ["policy.kind=tiny", "policy.hidden=32", "policy.kind=hf", "policy.max_batch=4"])
     assert cfg.policy.kind == "hf" and cfg.policy.max_batch == 4
+    assert cfg.policy.batching == "continuous" and cfg.policy.attn_implementation == ""
+    cfg = load_config(None, ["policy.kind=hf", "policy.batching=static", "policy.attn_implementation=sdpa"])
+    assert (cfg.policy.batching, cfg.policy.attn_implementation) == ("static", "sdpa")
+    with pytest.raises(ConfigError, match=r"policy\.batching must be one of continuous, static, got 'dynamic'"):
+        load_config(None, ["policy.kind=hf", "policy.batching=dynamic"])
     # without an override of the kind, the file's table is checked whole
     bad = write(tmp_path, '[policy]\nkind = "tiny"\nmax_model_len = 4096\n')
     with pytest.raises(ConfigError, match=r"policy\.max_model_len is a setting of .* not 'tiny'"):

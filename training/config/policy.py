@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from toolgym.chat_format_names import check_chat_format_name
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, check_choice
 
 __all__ = [
     "POLICY_KINDS",
@@ -80,16 +80,25 @@ class HFPolicyConfig(PolicyBase):
     """``policy.kind = "hf"``: transformers, sampling from the very module the learner trains.
 
     Attributes:
-        max_batch: sequences generated together.
+        max_batch: most sequences decoded together.
+        batching: ``continuous`` (sequences join and leave the batch between decode steps) or
+            ``static`` (each batch runs to its last sequence's end; the earlier scheduler).
+        attn_implementation: transformers' attention kernel (``sdpa``, ``eager``, ...); empty =
+            transformers' choice, with a grouped-query model's ``sdpa`` run without copying its keys
+            and values per head (``toolgym_grouped_sdpa``). One the model or device cannot run is
+            refused at start.
     """
 
     kind: Literal["hf"] = "hf"
     max_batch: int = 8
+    batching: str = "continuous"
+    attn_implementation: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_batch < 1:
             raise ConfigError(f"policy.max_batch must be >= 1, got {self.max_batch}")
+        check_choice("policy.batching", self.batching, ("continuous", "static"))
 
 
 @dataclass(frozen=True)

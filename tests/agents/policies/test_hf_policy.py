@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import sys
+import threading
 
 import gymnasium
 import pytest
@@ -20,7 +21,7 @@ from toolgym.agents.policies import models, spec
 from toolgym.agents.policies.prefix_cache import PrefixCache
 from toolgym.agents.rollout import run_episode
 from toolgym.core import Completion, SamplingParams, sampled_ids_hash
-from toolgym.errors import ConfigError, MissingDependencyError
+from toolgym.errors import ConfigError, MissingDependencyError, RunStopped
 from toolgym.file_table import sha256_file
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
@@ -427,6 +428,154 @@ async def test_full_episode_with_the_real_model_keeps_token_fidelity(policy):
     assert assistant == [c.text for c in recording.completions]
     for completion in recording.completions:
         assert_well_formed(policy, completion, sampling.max_tokens)
+
+
+# ----------------------------------------------------------------- continuous batching
+
+LONG = "Count from one to one hundred in words, separated by commas."
+
+
+@pytest.mark.model
+async def test_a_seeded_request_draws_the_same_tokens_in_any_batch(policy):
+    """The noise is the request's (seed, position): alone, in a batch of other prompts and sampling
+    settings, or joining while another row is half way: the same tokens."""
+    prompt = chat(policy, QUESTIONS[2])
+    seeded = SamplingParams(max_tokens=20, temperature=1.0, seed=42)
+    alone = await policy.generate(prompt, seeded)
+    others = [
+        policy.generate(chat(policy, QUESTIONS[0]), SamplingParams(max_tokens=30, temperature=0.8, seed=1)),
+        policy.generate(chat(policy, QUESTIONS[3]), SamplingParams(max_tokens=5, temperature=0.0)),
+        policy.generate(
+            chat(policy, QUESTIONS[1]), SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9)
+        ),
+    ]
+    together = (await asyncio.gather(policy.generate(prompt, seeded), *others))[0]
+    running = asyncio.ensure_future(
+        policy.generate(chat(policy, LONG), SamplingParams(max_tokens=48, temperature=0.0))
+    )
+    await asyncio.sleep(0.5)  # the long row is decoding when the seeded one joins
+    joined = await policy.generate(prompt, seeded)
+    await running
+    for completion in (together, joined):
+        assert completion.token_ids == alone.token_ids
+        assert completion.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    # the same seed on the same prompt twice in one batch: the same completion (documented)
+    twins = await asyncio.gather(policy.generate(prompt, seeded), policy.generate(prompt, seeded))
+    assert twins[0].token_ids == twins[1].token_ids == alone.token_ids
+
+
+@pytest.mark.model
+async def test_a_short_request_does_not_wait_for_a_long_one(policy):
+    long = asyncio.ensure_future(
+        policy.generate(chat(policy, LONG), SamplingParams(max_tokens=64, temperature=0.0))
+    )
+    await asyncio.sleep(0.3)
+    short = await policy.generate(chat(policy, QUESTIONS[3]), SamplingParams(max_tokens=2, temperature=0.0))
+    assert len(short.token_ids) == 2 and not long.done()  # answered while the long row still decodes
+    assert (await long).finish_reason == "length"
+    stats = policy.decode_stats
+    assert stats.steps > 0 and stats.admitted >= 2 and stats.live_rows >= stats.steps
+
+
+@pytest.mark.model
+async def test_a_learner_waiting_for_the_weights_lets_the_rows_in_flight_end_first(policy):
+    """Admissions stop while a learner waits; the rows in flight keep their version, the next ones get
+    the new one."""
+    version = policy.policy_version
+    first = [
+        asyncio.ensure_future(
+            policy.generate(chat(policy, q), SamplingParams(max_tokens=24, temperature=0.0))
+        )
+        for q in QUESTIONS[:2]
+    ]
+    await asyncio.sleep(0.3)
+    stepped = threading.Event()
+
+    def learner():
+        with policy.weights_lock:
+            assert policy.in_flight == 0  # the sampler let go only after its rows ended
+            policy.policy_version += 1
+            stepped.set()
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    try:
+        while not policy.weights_lock.wanted and not stepped.is_set():
+            await asyncio.sleep(0.001)
+        later = await policy.generate(
+            chat(policy, QUESTIONS[3]), SamplingParams(max_tokens=4, temperature=0.0)
+        )
+        thread.join(timeout=60)
+        assert stepped.is_set()
+        assert [(await f).policy_version for f in first] == [version, version]
+        assert later.policy_version == version + 1
+    finally:
+        with policy.weights_lock:
+            policy.policy_version = version
+
+
+@pytest.mark.model
+async def test_static_batches_decode_the_same_greedy_tokens():
+    from toolgym.agents.policies.hf import HFPolicy
+
+    with HFPolicy(batching="static") as static, HFPolicy() as continuous:
+        assert static.decode_stats is None and continuous.batching == "continuous"
+        prompts = [chat(static, q) for q in QUESTIONS]
+        a = await static.generate_batch(prompts, GREEDY)
+        b = await continuous.generate_batch(prompts, GREEDY)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    for x, y in zip(a, b, strict=True):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batching": "dynamic"}, "batching must be one of continuous, static"),
+        ({"attn_implementation": "no_such_kernel"}, "attn_implementation='no_such_kernel' cannot run"),
+        ({"attn_implementation": "flash_attention_2"}, "'sdpa' and 'eager' run every"),
+    ],
+)
+def test_a_scheduler_or_attention_the_model_cannot_use_is_refused_at_start(kwargs, message):
+    from toolgym.agents.policies.hf import HFPolicy
+
+    with pytest.raises(ConfigError, match=message):
+        HFPolicy(**kwargs)
+
+
+@pytest.mark.model
+async def test_out_of_device_memory_names_the_settings_to_lower(policy, monkeypatch):
+    import torch
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    prompt = chat(policy, QUESTIONS[0])
+    await policy.generate(prompt, SamplingParams(max_tokens=1, temperature=0.0))  # the worker runs
+    monkeypatch.setattr(policy, "model", _Failing(policy.model, oom))
+    policy._decoder.model = policy.model
+    try:
+        with pytest.raises(RunStopped, match=r"lower policy\.max_batch \(now 8\)") as info:
+            await policy.generate(prompt, GREEDY)
+        assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
+    finally:
+        monkeypatch.undo()
+        policy._decoder.model = policy.model
+    assert (await policy.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0))).token_ids
+
+
+class _Failing:
+    """The model with its forward pass replaced (the sampler's fault path)."""
+
+    def __init__(self, model, forward):
+        self.model, self.forward = model, forward
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
 
 
 # ----------------------------------------------------------------- prefix cache
