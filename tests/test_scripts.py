@@ -191,11 +191,11 @@ def test_bench_eval():
 
 @pytest.mark.model
 def test_bench_gpu_smoke_on_cpu(tmp_path):
-    # --smoke: the 135M shape, 4 episodes of 2 turns, the three samplers side by side
+    # --smoke: the 135M shape, 4 episodes of 2 turns, the samplers side by side
     out = run("bench/gpu.py", "--device", "cpu", "--smoke", "--out", tmp_path / "rows.json")
     assert "| 135m | 4 | continuous |" in out and "| 135m | 4 | generate |" in out
     rows = {r["sampler"]: r for r in json.loads((tmp_path / "rows.json").read_text())}
-    assert rows.keys() == {"generate", "static", "continuous"}
+    assert rows.keys() == {"generate", "static", "continuous-sdpa", "continuous"}
     # every sampler did the same work: each turn's own tokens, however the batch ran
     assert len({r["tokens"] for r in rows.values()}) == 1
     assert rows["continuous"]["alone_differs"] == "0/2 requests"  # on CPU: the same tokens alone
