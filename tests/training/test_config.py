@@ -145,7 +145,9 @@ def test_an_override_of_the_kind_leaves_out_the_file_s_settings_of_another_kind(
     assert cfg.policy.batching == "continuous" and cfg.policy.attn_implementation == ""
     cfg = load_config(None, ["policy.kind=hf", "policy.batching=static", "policy.attn_implementation=sdpa"])
     assert (cfg.policy.batching, cfg.policy.attn_implementation) == ("static", "sdpa")
-    with pytest.raises(ConfigError, match=r"policy\.batching must be one of continuous, static, got 'dynamic'"):
+    with pytest.raises(
+        ConfigError, match=r"policy\.batching must be one of continuous, static, got 'dynamic'"
+    ):
         load_config(None, ["policy.kind=hf", "policy.batching=dynamic"])
     # without an override of the kind, the file's table is checked whole
     bad = write(tmp_path, '[policy]\nkind = "tiny"\nmax_model_len = 4096\n')
