@@ -18,6 +18,9 @@ from typing import Any, NoReturn
 
 import torch
 
+# NOTE: registers the grouped-query attention that rank 0's model may name (an HFPolicy's default);
+# the model arrives pickled and looks its attention function up by name at its first forward pass.
+import toolgym.agents.policies.hf_attention  # noqa: F401
 from toolgym.training.distributed.fsdp import ShardedLearner
 from toolgym.training.distributed.rendezvous import (
     CHALLENGE_KEY,
