@@ -1,13 +1,14 @@
-"""Key/value plumbing for HFPolicy's cached path: one-row prefill on a cached prefix, batched decode.
+"""Key/value plumbing for HFPolicy: one-row prefill on a cached prefix, and decode buffers.
 
 This module imports torch and transformers at the top; :mod:`toolgym.agents.policies.hf` imports it
 lazily, only when a model is loaded.
 
 * :func:`prefill_row` runs one prompt (batch of one, no padding) on top of the keys/values of a
   cached prefix and returns its last logits and the keys/values of the whole prompt.
-* :class:`DecodeCache` left-pads the rows of a batch into buffers allocated once, for the prompt and
-  every token the batch may still generate, so a decode step writes its keys/values in place instead
-  of concatenating the whole cache (which ``DynamicCache`` does at every step, per layer).
+* :class:`BufferLayer` is a cache layer over buffers allocated once, for the prompt and every token
+  the batch may still generate, so a decode step writes its keys/values in place instead of
+  concatenating the whole cache (which ``DynamicCache`` does at every step, per layer); the batch's
+  layout in them is :class:`~toolgym.agents.policies.hf_slots.SlotCache`'s, for both schedulers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-__all__ = ["BufferLayer", "DecodeCache", "LayerKV", "plain_layers", "prefill_row"]
+__all__ = ["BufferLayer", "LayerKV", "plain_layers", "prefill_row"]
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 
@@ -79,43 +80,3 @@ class BufferLayer(DynamicLayer):
         self.length = end
         self._expose()
         return self.buffer_keys[:, :, :end], self.buffer_values[:, :, :end]  # = self.keys, self.values
-
-
-class DecodeCache:
-    """The batch's keys/values, rows left-padded to a common width, with room for ``extra`` tokens.
-
-    Row ``i``'s prompt occupies columns ``[width - n_i, width)``; decode step ``t`` writes column
-    ``width + t`` for every row. ``attention_mask`` marks the real columns; a caller appends a column
-    of ones per decode step, as for a plain ``DynamicCache``.
-    """
-
-    def __init__(self, rows: Sequence[Sequence[LayerKV]], extra: int) -> None:
-        lengths = [layers[0][0].shape[-2] for layers in rows]
-        self.width = max(lengths)
-        self.lengths = lengths
-        capacity = self.width + extra
-        first = rows[0]
-        layers: list[BufferLayer] = []
-        for index, (k0, v0) in enumerate(first):
-            keys = k0.new_zeros((len(rows), k0.shape[0], capacity, k0.shape[-1]))
-            values = v0.new_zeros((len(rows), v0.shape[0], capacity, v0.shape[-1]))
-            for i, row in enumerate(rows):
-                k, v = row[index]
-                keys[i, :, self.width - lengths[i] : self.width] = k
-                values[i, :, self.width - lengths[i] : self.width] = v
-            layers.append(BufferLayer(keys, values, self.width))
-        self.layers = layers
-        self.cache = DynamicCache()
-        self.cache.layers = list(layers)
-        mask = torch.zeros((len(rows), self.width), dtype=torch.long, device=first[0][0].device)
-        for i, n in enumerate(lengths):
-            mask[i, self.width - n :] = 1
-        self.attention_mask = mask
-
-    def row(self, i: int, generated: int) -> list[LayerKV]:
-        """Row ``i``'s keys/values for its prompt plus its first ``generated`` decoded tokens (copies)."""
-        start, end = self.width - self.lengths[i], self.width + generated
-        return [
-            (layer.buffer_keys[i, :, start:end].clone(), layer.buffer_values[i, :, start:end].clone())
-            for layer in self.layers
-        ]

@@ -78,10 +78,6 @@ class SlotCache:
     def slots(self) -> int:
         return len(self.starts)
 
-    def room(self) -> int:
-        """Columns left for decode steps."""
-        return self.capacity - self.length
-
     def join(self, row: Sequence[LayerKV], tokens_to_come: int) -> int | None:
         """Put ``row`` into a free slot and return the slot, or ``None`` when it does not fit."""
         n = row[0][0].shape[-2]

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from toolgym.agents.policies.hf_cache import DecodeCache
 from toolgym.agents.policies.hf_decode import prefill
 from toolgym.agents.policies.hf_rows import Request, Row
 from toolgym.agents.policies.hf_sample import nucleus
+from toolgym.agents.policies.hf_slots import SlotCache
 from toolgym.agents.policies.prefix_cache import PrefixCache
 
 __all__ = ["sample_row", "static_batch"]
@@ -73,7 +73,9 @@ def static_batch(
         for i, row in enumerate(rows):
             # NOTE: the last sampled id was never fed to the model, so it has no keys/values.
             fed = len(row.ids) - 1
-            prefix_cache.insert(row.request.prompt + row.ids[:fed], cache.row(i, fed))
+            prefix_cache.insert(
+                row.request.prompt + row.ids[:fed], cache.row(i, len(row.request.prompt) + fed)
+            )
     return rows
 
 
@@ -103,15 +105,16 @@ def _prefill_padded(
 
 def _prefill_cached(
     model: Any, device: Any, rows: list[Row], prefix_cache: PrefixCache
-) -> tuple[Any, Any, Any, DecodeCache]:
-    """Prefill each prompt on its longest cached prefix; the batch's decode cache from the rows."""
+) -> tuple[Any, Any, Any, SlotCache]:
+    """Prefill each prompt on its longest cached prefix; the batch's decode cache from the rows (left-padded
+    to the longest prompt, room for the longest completion; a static batch never joins or leaves)."""
     last, kvs = [], []
     for row in rows:
         logits, layers = prefill(model, device, row.request.prompt, prefix_cache)
         last.append(logits.float().cpu())
         kvs.append(layers)
-    cache = DecodeCache(kvs, extra=max(row.max_tokens for row in rows))
-    return torch.stack(last), cache.cache, cache.attention_mask, cache
+    cache = SlotCache.build(kvs, room_left=0, room_right=max(row.max_tokens for row in rows))
+    return torch.stack(last), cache.cache, cache.attention_mask[:, : cache.length], cache
 
 
 def sample_row(

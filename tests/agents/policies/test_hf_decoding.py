@@ -169,7 +169,7 @@ def test_a_decode_step_writes_one_column_for_every_slot():
     for layer in cache.layers:
         layer.update(torch.ones(2, 2, 1, 3), torch.ones(2, 2, 1, 3))
     cache.advance()
-    assert cache.length == 3 and cache.room() == 1
+    assert cache.length == 3 and cache.capacity - cache.length == 1
     assert cache.row(1)[0][0].shape == (2, 2, 3)
     layer = cache.layers[0]
     layer.update(torch.ones(2, 2, 1, 3), torch.ones(2, 2, 1, 3))
