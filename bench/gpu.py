@@ -3,7 +3,7 @@
 Usage::
 
     python bench/gpu.py [--device cuda] [--shapes 135m,1b] [--episodes 8,32,64] [--turns 3]
-                        [--max-tokens 64] [--samplers generate,static,continuous] [--out FILE.json]
+                        [--max-tokens 64] [--samplers generate,static,continuous-sdpa,continuous] [--out FILE.json]
     python bench/gpu.py --device cpu --smoke
 
 Side by side in one process, on models of a real shape with random weights (built from the shipped

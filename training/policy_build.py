@@ -81,6 +81,7 @@ def build_policy(config: RunConfig, log_file: Path | None = None) -> TrainablePo
         dtype=pc.dtype,
         threads=pc.threads or None,
         max_batch=pc.max_batch,
+        max_batch_tokens=pc.max_batch_tokens,
         seed=config.train.seed,
         chat_format=pc.chat_format,
         thinking_budget=pc.thinking_budget or None,

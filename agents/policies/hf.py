@@ -30,7 +30,8 @@ Decisions recorded here (each is part of the contract):
   own ``torch.Generator`` on the host (other numbers for the same seed).
 * **Continuous batching** (``batching="continuous"``, the default). :meth:`generate` never runs the
   model on the event loop. Requests go to one worker thread that keeps up to ``max_batch`` rows in
-  flight: between two decode steps new requests join (each prefilled alone on its cached prefix) and
+  flight (and, with ``max_batch_tokens``, no more than that token budget holds: the rows' count times
+  the longest row's prompt and completion): between two decode steps new requests join (each prefilled alone on its cached prefix) and
   finished rows leave, so a caller gets its completion as soon as its row ends and an episode's next
   turn never waits for another episode's long turn (:mod:`toolgym.agents.policies.hf_decode`). When
   the worker is idle it waits ``batch_wait_s`` for more requests before the first step.
@@ -65,7 +66,7 @@ Decisions recorded here (each is part of the contract):
   trainer waiting for the lock stops admissions until the rows in flight end, so no completion mixes
   two weight versions and each reports the version it was sampled with.
 * **Out of memory** on the device while sampling stops with :class:`~toolgym.errors.RunStopped`
-  naming the settings to lower (``max_batch``, the episode's ``max_total_tokens``).
+  naming the settings to lower (``max_batch``, ``max_batch_tokens``, the episode's ``max_total_tokens``).
 """
 
 from __future__ import annotations
@@ -117,6 +118,10 @@ class HFPolicy(ChatPolicy):
         threads: when set, ``torch.set_num_threads(threads)`` (process-wide). On small shared CPUs one
             thread per process is fastest under load.
         max_batch: most rows decoded together.
+        max_batch_tokens: a token budget for the rows in flight under continuous batching (0 = none,
+            ``max_batch`` alone): a row joins only while the rows' count times the longest row's prompt
+            and completion stays within it (a bound on the key/value slots), so a device holds many
+            short rows or few long ones; a row alone always runs. Not with ``batching="static"``.
         seed: base seed for requests whose ``SamplingParams.seed`` is unset.
         batch_wait_s: how long the worker waits for more requests before starting a batch.
         prefix_cache: reuse the keys/values of cached token prefixes (see the module docstring).
@@ -167,12 +172,20 @@ class HFPolicy(ChatPolicy):
         thinking_budget: int | None = None,
         batching: str = "continuous",
         attn_implementation: str | None = None,
+        max_batch_tokens: int = 0,
     ) -> None:
         torch, transformers = require_hf("HFPolicy")
         check_choice("dtype", dtype, _DTYPES)
         check_choice("batching", batching, _BATCHING)
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        if max_batch_tokens < 0:
+            raise ConfigError(f"max_batch_tokens must be >= 0 (0 = no token budget), got {max_batch_tokens}")
+        if max_batch_tokens and batching == "static":
+            raise ConfigError(
+                "max_batch_tokens bounds the rows in flight of continuous batching; batching='static' "
+                "runs max_batch rows to their end: set batching='continuous' or max_batch_tokens=0"
+            )
         if prefix_cache_bytes < 0 or prefix_cache_entries < 0:
             raise ConfigError(
                 "prefix_cache_bytes and prefix_cache_entries must be >= 0 (0 stores nothing), got "
@@ -200,6 +213,7 @@ class HFPolicy(ChatPolicy):
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
         self.policy_version = 0
         self.max_batch = max_batch
+        self.max_batch_tokens = max_batch_tokens
         self.seed = seed
         self.batch_wait_s = batch_wait_s
         self.weights_lock = WeightsLock()
@@ -216,7 +230,13 @@ class HFPolicy(ChatPolicy):
             else:
                 logger.warning("%s has no plain full-attention KV cache: prefix cache off", self.model_dir)
         if batching == "continuous" and not plain:
-            logger.warning("%s has no plain full-attention KV cache: static batches", self.model_dir)
+            logger.warning(
+                "%s has no plain full-attention KV cache: static batches%s",
+                self.model_dir,
+                f" of max_batch rows (max_batch_tokens={max_batch_tokens} unused)"
+                if max_batch_tokens
+                else "",
+            )
             batching = "static"
         self.batching = batching
         self._decoder: Any = None  # the ContinuousDecoder, made by the worker
@@ -325,6 +345,7 @@ class HFPolicy(ChatPolicy):
             self.model,
             self.device,
             max_batch=self.max_batch,
+            max_batch_tokens=self.max_batch_tokens,
             stop_ids=self.stop_ids,
             decode=self.tokenizer.decode,
             pad_id=self.tokenizer.pad_token_id,
@@ -366,7 +387,12 @@ class HFPolicy(ChatPolicy):
                     if self.prefix_cache is not None:
                         self.prefix_cache.check_version(version)
                 admit: list[Request] = []
-                while pending and len(admit) < decoder.free and not self.weights_lock.wanted:
+                while (
+                    pending
+                    and len(admit) < decoder.free
+                    and not self.weights_lock.wanted
+                    and decoder.fits([*admit, pending[0]])
+                ):
                     request = pending.popleft()
                     if request.future.set_running_or_notify_cancel():
                         admit.append(request)
@@ -416,7 +442,8 @@ class HFPolicy(ChatPolicy):
             stopped = RunStopped(
                 f"the transformers sampler ran out of memory on {self.device} with up to "
                 f"{self.max_batch} rows in flight ({str(exc).splitlines()[0] if str(exc) else 'no detail'}); "
-                f"lower policy.max_batch (now {self.max_batch}) or the episode's max_total_tokens, or "
+                f"lower policy.max_batch (now {self.max_batch}), set or lower policy.max_batch_tokens "
+                f"(now {self.max_batch_tokens or 'none'}) or the episode's max_total_tokens, or "
                 "leave more of the device to the sampler; a training run resumes from its last checkpoint"
             )
             stopped.__cause__ = exc

@@ -3,7 +3,8 @@
 This module imports torch and transformers at the top; :mod:`toolgym.agents.policies.hf` imports it
 when a model is loaded.
 
-:class:`ContinuousDecoder` keeps up to ``max_batch`` rows in flight. :meth:`~ContinuousDecoder.admit`
+:class:`ContinuousDecoder` keeps up to ``max_batch`` rows in flight, and with a token budget
+(``max_batch_tokens``) no more than fit in it (:meth:`~ContinuousDecoder.fits`). :meth:`~ContinuousDecoder.admit`
 prefills each new request alone on its longest cached prefix (when the prefix cache is on), draws its
 first token and places it in a slot of the :class:`~toolgym.agents.policies.hf_slots.SlotCache`;
 :meth:`~ContinuousDecoder.step` runs one decode step for every row in flight, draws every row's next
@@ -56,7 +57,8 @@ def prefill(
 @dataclass
 class DecodeStats:
     """Counters since the decoder was made: decode steps, the rows they computed (live and idle slots),
-    rows admitted, joins into a free slot, and re-layouts (copies of every live row's keys/values)."""
+    rows admitted, joins into a free slot, re-layouts (copies of every live row's keys/values) and the
+    most rows in flight at once."""
 
     steps: int = 0
     live_rows: int = 0
@@ -64,6 +66,7 @@ class DecodeStats:
     admitted: int = 0
     joined: int = 0
     relayouts: int = 0
+    peak_rows: int = 0
 
 
 class ContinuousDecoder:
@@ -73,6 +76,9 @@ class ContinuousDecoder:
         model: the causal LM (eval mode, plain full-attention cache layers).
         device: its torch device.
         max_batch: most rows in flight.
+        max_batch_tokens: a token budget for the rows in flight (0 = none): rows join only while their
+            count times the longest row's prompt and completion (the key/value slots they may fill when
+            laid out side by side) stays within it; one row alone always runs.
         stop_ids: the format's end-of-turn ids.
         decode: token ids to text (for stop strings and the completion's text).
         pad_id: the id fed to a free slot.
@@ -91,10 +97,12 @@ class ContinuousDecoder:
         pad_id: int,
         max_context: int,
         prefix_cache: PrefixCache | None,
+        max_batch_tokens: int = 0,
     ) -> None:
         self.model = model
         self.device = device
         self.max_batch = max_batch
+        self.max_batch_tokens = max_batch_tokens
         self.stop_ids = stop_ids
         self.decode = decode
         self.pad_id = pad_id
@@ -109,6 +117,19 @@ class ContinuousDecoder:
         """How many more rows may join."""
         return self.max_batch - len(self.rows)
 
+    def fits(self, requests: Sequence[Request]) -> bool:
+        """Whether ``requests`` may join the rows in flight within the token budget (always without
+        one, and always for a single row alone)."""
+        if not self.max_batch_tokens:
+            return True
+        extents = [len(row.request.prompt) + row.max_tokens for row in self.rows.values()]
+        extents += [len(request.prompt) + self._max_tokens(request) for request in requests]
+        return len(extents) <= 1 or len(extents) * max(extents) <= self.max_batch_tokens
+
+    def _max_tokens(self, request: Request) -> int:
+        """The most tokens ``request`` may sample: its ``max_tokens``, capped by the model's context."""
+        return min(request.sampling.max_tokens, self.max_context - len(request.prompt))
+
     def admit(self, requests: Sequence[Request]) -> list[Row]:
         """Prefill ``requests`` (at most :attr:`free`), draw their first tokens and place the rows that
         go on; returns the rows that ended on their first token."""
@@ -118,9 +139,7 @@ class ContinuousDecoder:
             return []
         rows, logits, layers = [], [], []
         for request in requests:
-            rows.append(
-                Row(request, min(request.sampling.max_tokens, self.max_context - len(request.prompt)))
-            )
+            rows.append(Row(request, self._max_tokens(request)))
             last, kv = prefill(self.model, self.device, request.prompt, self.prefix_cache)
             logits.append(last)
             layers.append(kv)
@@ -203,6 +222,7 @@ class ContinuousDecoder:
             else:
                 self.rows[slot] = row
                 self.stats.joined += 1
+        self.stats.peak_rows = max(self.stats.peak_rows, len(self.rows) + len(waiting))
         slots = self.slots
         if not waiting and (slots is None or len(slots.free) < max(len(self.rows), 1)):
             return

@@ -149,6 +149,13 @@ def test_an_override_of_the_kind_leaves_out_the_file_s_settings_of_another_kind(
         ConfigError, match=r"policy\.batching must be one of continuous, static, got 'dynamic'"
     ):
         load_config(None, ["policy.kind=hf", "policy.batching=dynamic"])
+    assert (
+        load_config(None, ["policy.kind=hf", "policy.max_batch_tokens=4096"]).policy.max_batch_tokens == 4096
+    )
+    with pytest.raises(ConfigError, match=r"policy\.max_batch_tokens bounds continuous batching"):
+        load_config(None, ["policy.kind=hf", "policy.batching=static", "policy.max_batch_tokens=4096"])
+    with pytest.raises(ConfigError, match=r"policy\.max_batch_tokens must be >= 0"):
+        load_config(None, ["policy.kind=hf", "policy.max_batch_tokens=-1"])
     # without an override of the kind, the file's table is checked whole
     bad = write(tmp_path, '[policy]\nkind = "tiny"\nmax_model_len = 4096\n')
     with pytest.raises(ConfigError, match=r"policy\.max_model_len is a setting of .* not 'tiny'"):

@@ -81,6 +81,9 @@ class HFPolicyConfig(PolicyBase):
 
     Attributes:
         max_batch: most sequences decoded together.
+        max_batch_tokens: with ``continuous`` batching, a token budget for the sequences in flight
+            (0 = ``max_batch`` alone): one joins only while their count times the longest one's prompt
+            and completion stays within it, so the sampler's key/value memory is bounded by it.
         batching: ``continuous`` (sequences join and leave the batch between decode steps) or
             ``static`` (each batch runs to its last sequence's end; the earlier scheduler).
         attn_implementation: transformers' attention kernel (``sdpa``, ``eager``, ...); empty =
@@ -91,6 +94,7 @@ class HFPolicyConfig(PolicyBase):
 
     kind: Literal["hf"] = "hf"
     max_batch: int = 8
+    max_batch_tokens: int = 0
     batching: str = "continuous"
     attn_implementation: str = ""
 
@@ -99,6 +103,16 @@ class HFPolicyConfig(PolicyBase):
         if self.max_batch < 1:
             raise ConfigError(f"policy.max_batch must be >= 1, got {self.max_batch}")
         check_choice("policy.batching", self.batching, ("continuous", "static"))
+        if self.max_batch_tokens < 0:
+            raise ConfigError(
+                f"policy.max_batch_tokens must be >= 0 (0 = no token budget), got {self.max_batch_tokens}"
+            )
+        if self.max_batch_tokens and self.batching == "static":
+            raise ConfigError(
+                "policy.max_batch_tokens bounds continuous batching; policy.batching = 'static' runs "
+                "max_batch sequences to their end: set policy.batching = 'continuous' or leave "
+                "policy.max_batch_tokens at 0"
+            )
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The pieces of HFPolicy's continuous batching on plain tensors: the device sampler and its per-request
-noise, the slot cache's layout, and the weights lock that lets a learner in."""
+noise, the slot cache's layout, the token budget's admission rule, and the weights lock that lets a
+learner in."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import time
 import pytest
 import torch
 
+from toolgym.agents.policies.hf_decode import ContinuousDecoder
+from toolgym.agents.policies.hf_rows import Request, Row
 from toolgym.agents.policies.hf_sample import gumbel, noise_keys, sample
 from toolgym.agents.policies.hf_slots import SlotCache
 from toolgym.agents.policies.weights_lock import WeightsLock
+from toolgym.core import SamplingParams
 
 
 def draw(logits, temperature, top_p, seeds, positions=None):
@@ -175,6 +179,46 @@ def test_a_decode_step_writes_one_column_for_every_slot():
     layer.update(torch.ones(2, 2, 1, 3), torch.ones(2, 2, 1, 3))
     with pytest.raises(RuntimeError, match="one column in every layer"):
         cache.advance()
+
+
+# ----------------------------------------------------------------- token budget
+
+
+def request(prompt: int, max_tokens: int) -> Request:
+    return Request([1] * prompt, SamplingParams(max_tokens=max_tokens), seed=0)
+
+
+def decoder(budget: int, max_context: int = 50) -> ContinuousDecoder:
+    return ContinuousDecoder(
+        None,
+        "cpu",
+        max_batch=8,
+        max_batch_tokens=budget,
+        stop_ids=(),
+        decode=str,
+        pad_id=0,
+        max_context=max_context,
+        prefix_cache=None,
+    )
+
+
+def test_a_token_budget_counts_every_row_padded_to_the_longest():
+    dec = decoder(budget=100, max_context=100)
+    dec.rows[0] = Row(request(10, 20), max_tokens=20)  # 30 tokens when it ends
+    assert dec.fits([request(20, 30)])  # 2 rows x 50 = 100
+    assert not dec.fits([request(21, 30)])  # 2 x 51
+    assert not dec.fits([request(5, 5), request(5, 5), request(5, 5)])  # 4 rows x 30 = 120
+    assert dec.fits([request(5, 5), request(5, 5)])  # 3 x 30 = 90
+    capped = decoder(budget=100, max_context=50)
+    capped.rows[0] = Row(request(10, 20), max_tokens=20)
+    assert capped.fits([request(40, 30)])  # the context caps its completion at 10: 2 x 50
+
+
+def test_a_row_alone_always_runs_and_no_budget_admits_by_count_alone():
+    assert decoder(budget=10).fits([request(40, 10)])  # 50 tokens over a budget of 10: alone it runs
+    dec = decoder(budget=0)
+    dec.rows[0] = Row(request(40, 10), max_tokens=10)
+    assert dec.fits([request(40, 10)] * 7)
 
 
 # ----------------------------------------------------------------- the weights lock

@@ -529,10 +529,29 @@ async def test_static_batches_decode_the_same_greedy_tokens():
 
 
 @pytest.mark.model
+async def test_a_token_budget_bounds_the_rows_in_flight_and_changes_no_token():
+    """Four requests that fit ``max_batch`` but only two at a time in the token budget."""
+    from toolgym.agents.policies.hf import HFPolicy
+
+    short = SamplingParams(max_tokens=6, temperature=0.0)
+    with HFPolicy(max_batch=4, batch_wait_s=0.5) as free:
+        prompts = [chat(free, q) for q in QUESTIONS[:4]]
+        extent = max(len(p) for p in prompts) + short.max_tokens
+        unbounded = await free.generate_batch(prompts, short)
+        assert free.decode_stats.peak_rows == 4
+    with HFPolicy(max_batch=4, batch_wait_s=0.5, max_batch_tokens=2 * extent) as bounded:
+        budgeted = await bounded.generate_batch(prompts, short)
+        assert bounded.decode_stats.peak_rows == 2 and bounded.decode_stats.admitted == 4
+    assert [c.token_ids for c in budgeted] == [c.token_ids for c in unbounded]
+
+
+@pytest.mark.model
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"batching": "dynamic"}, "batching must be one of continuous, static"),
+        ({"batching": "static", "max_batch_tokens": 4096}, "set batching='continuous' or max_batch_tokens=0"),
+        ({"max_batch_tokens": -1}, "max_batch_tokens must be >= 0"),
         ({"attn_implementation": "no_such_kernel"}, "attn_implementation='no_such_kernel' cannot run"),
         ({"attn_implementation": "flash_attention_2"}, "'sdpa' and 'eager' run every"),
     ],
