@@ -49,13 +49,13 @@ import copy
 import itertools
 import json
 import os
-import resource
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from memory import PeakRSS, self_peak_mb  # bench/memory.py (this script's folder is on sys.path)
 
 from toolgym.agents.chat.chatml import IM_END
 from toolgym.agents.policies.base import ScriptedPolicy
@@ -70,33 +70,6 @@ from toolgym.training.sampling.workers import make_env
 from toolgym.training.trainer import Trainer
 
 TOOLS = ["answer", "search"]
-
-
-def rss_bytes() -> int:
-    """Current resident set size of this process (Linux ``/proc``)."""
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * resource.getpagesize()
-
-
-class PeakRSS:
-    """Samples RSS in a thread while a block runs; ``rise`` is the peak above the level at entry."""
-
-    def __enter__(self) -> PeakRSS:
-        self.start = self.peak = rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.01):
-            self.peak = max(self.peak, rss_bytes())
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
-        self.rise = self.peak - self.start
 
 
 QUERIES = [
@@ -298,7 +271,7 @@ def run(trainers: dict[bool, Trainer], args: argparse.Namespace) -> None:
             group.close()
 
     tokens = sum(lengths)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = self_peak_mb()
     print(
         f"\nlearner step, {len(groups)} groups x {size} sequences, {tokens} tokens, micro_batch {first.config.train.batching.micro_batch}"
     )

@@ -1,4 +1,7 @@
-"""Peak resident memory of a process *and its children*, for benchmarks whose work spans processes.
+"""Peak resident memory for benchmarks: of a block of this process, or of a process *and its children*.
+
+:class:`PeakRSS` samples this process's resident memory while a block runs (how far a learner step
+raises it).
 
 ``resource.getrusage`` reports one process's peak (``RUSAGE_SELF``) or the largest finished child's
 (``RUSAGE_CHILDREN``), never the sum of processes alive at the same time; the default search
@@ -12,7 +15,7 @@ import os
 import resource
 import threading
 
-__all__ = ["TreePeak", "self_peak_mb", "tree_rss_kb"]
+__all__ = ["PeakRSS", "TreePeak", "rss_bytes", "self_peak_mb", "tree_rss_kb"]
 
 
 def self_peak_mb() -> float:
@@ -53,3 +56,30 @@ class TreePeak:
         self._stop.set()
         self._thread.join()
         return max(self.peak_kb / 1024, self_peak_mb())
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (Linux ``/proc``)."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize()
+
+
+class PeakRSS:
+    """Samples RSS in a thread while a block runs; ``rise`` is the peak above the level at entry."""
+
+    def __enter__(self) -> PeakRSS:
+        self.start = self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+        self.rise = self.peak - self.start

@@ -62,6 +62,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/demo_learning.py",
         "bench/eval.py",
         "bench/learner.py",
+        "bench/learner_memory.py",
         "bench/memory.py",  # a helper of the two *_scale scripts: their smoke runs run it
         "bench/async_rollouts.py",
         "bench/sandbox.py",
@@ -216,6 +217,15 @@ def test_bench_learner(tmp_path):
             float(rows["full-step"][column]), abs=1e-5
         )
     assert "| full-step-2 |" in out and "weights to the learners" in out
+
+
+@pytest.mark.slow
+def test_bench_learner_memory():
+    # --smoke: the tiny model, one pass of 2 x 128 tokens: the estimate and the measured rise side by side
+    out = run("bench/learner_memory.py", "--smoke")
+    row = next(r.split("|") for r in out.splitlines() if r.startswith("| demo |"))
+    assert row[2].strip() == "256" and float(row[6].replace(",", "")) > 0  # tokens a pass, estimate
+    assert "x)" in row[7]
 
 
 @pytest.mark.slow

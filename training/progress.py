@@ -71,7 +71,11 @@ class RunProgress:
 
     def warn(self, text: str) -> None:
         """A timestamped ``WARNING:`` line, on a terminal too (above its bars)."""
-        message = f"[{time.strftime('%H:%M:%S')}] WARNING: {text}"
+        self.note(f"WARNING: {text}")
+
+    def note(self, text: str) -> None:
+        """A timestamped line on a terminal too (above its bars): something to read once, not progress."""
+        message = f"[{time.strftime('%H:%M:%S')}] {text}"
         if self._rich is not None:
             self._rich.console.print(message, markup=False, highlight=False)
         else:

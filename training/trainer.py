@@ -77,6 +77,7 @@ from toolgym.training.learn.lora import apply_lora
 from toolgym.training.learn.optim import LearnerOptimizer
 from toolgym.training.learn.rewards import shaped_reward
 from toolgym.training.learn.step_guard import StepGuard, nonfinite_logprobs
+from toolgym.training.memory_estimate import MemoryEstimate, estimate_memory
 from toolgym.training.policy_build import Closable, build_policy, learner_model, require_trainable
 from toolgym.training.policy_handle import PolicyHandle
 from toolgym.training.progress import RunProgress
@@ -157,6 +158,7 @@ class Trainer:
         self.reference = None
         if tc.loss.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.memory = self._estimate_memory()
         # One curriculum, harness and task list per environment ([[env]] tables; one for a plain [env]).
         self.env_names = [env.name for env in config.envs]
         self.harnesses = [get_harness(env.harness) for env in config.envs]
@@ -225,6 +227,20 @@ class Trainer:
         policy = build_policy(self.config, log_file=self.run_dir / ENGINE_LOG)
         record_processes(self.run_dir, descendants() - before)
         return policy
+
+    def _estimate_memory(self) -> MemoryEstimate | None:
+        """Tell the user what the config will take (:mod:`toolgym.training.memory_estimate`); a model
+        the probe cannot run gets a warning, not a stopped run (the estimate is advice)."""
+        try:
+            estimate = estimate_memory(self.config, self.model)
+        except Exception as exc:  # noqa: BLE001 - the estimate is advice; the run does not depend on it
+            message = f"no memory estimate: a probe forward pass of the learner's model failed ({exc!r})"
+            log.warning(message)
+            self.progress.warn(message)
+            return None
+        log.info(estimate.describe())
+        self.progress.note(estimate.describe())
+        return estimate
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
