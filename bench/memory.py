@@ -1,5 +1,12 @@
 """Peak resident memory for benchmarks: of a block of this process, or of a process *and its children*.
 
+Usage, for a whole command (a training run and the engine processes it starts)::
+
+    python bench/memory.py [--interval 0.2] -- toolgym train --config demo --out runs/demo
+
+runs the command, samples the summed resident memory of its process tree every ``--interval`` seconds
+and prints the peak with each process's share at that moment; the exit status is the command's.
+
 :class:`PeakRSS` samples this process's resident memory while a block runs (how far a learner step
 raises it).
 
@@ -15,7 +22,7 @@ import os
 import resource
 import threading
 
-__all__ = ["PeakRSS", "TreePeak", "rss_bytes", "self_peak_mb", "tree_rss_kb"]
+__all__ = ["PeakRSS", "TreePeak", "rss_bytes", "self_peak_mb", "tree_rss", "tree_rss_kb"]
 
 
 def self_peak_mb() -> float:
@@ -25,18 +32,24 @@ def self_peak_mb() -> float:
 
 def tree_rss_kb(pid: int) -> int:
     """Resident memory of ``pid`` and all its descendants now, in KiB."""
-    total, todo = 0, [pid]
+    return sum(kb for _, kb in tree_rss(pid).values())
+
+
+def tree_rss(pid: int) -> dict[int, tuple[str, int]]:
+    """``pid -> (name, resident KiB)`` for ``pid`` and all its descendants now."""
+    found, todo = {}, [pid]
     while todo:
         current = todo.pop()
         try:
             with open(f"/proc/{current}/status") as fh:
-                total += next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+            found[current] = (fields["Name"].strip(), int(fields.get("VmRSS", "0 kB").split()[0]))
             for task in os.listdir(f"/proc/{current}/task"):
                 with open(f"/proc/{current}/task/{task}/children") as fh:
                     todo.extend(int(c) for c in fh.read().split())
-        except (OSError, StopIteration):
+        except (OSError, KeyError, ValueError):
             continue  # the process ended meanwhile
-    return total
+    return found
 
 
 class TreePeak:
@@ -83,3 +96,41 @@ class PeakRSS:
         self._thread.join()
         self.peak = max(self.peak, rss_bytes())
         self.rise = self.peak - self.start
+
+
+def main() -> int:
+    import argparse
+    import subprocess
+    import time
+
+    parser = argparse.ArgumentParser(description="peak summed RSS of a command's process tree")
+    parser.add_argument("--interval", type=float, default=0.2)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command after --")
+    start = time.monotonic()
+    child = subprocess.Popen(command)
+    peak: dict[int, tuple[str, int]] = {}
+    peak_at = 0.0
+    while child.poll() is None:
+        now = tree_rss(child.pid)
+        if sum(kb for _, kb in now.values()) > sum(kb for _, kb in peak.values()):
+            peak, peak_at = now, time.monotonic() - start
+        time.sleep(args.interval)
+    wall = time.monotonic() - start
+    total = sum(kb for _, kb in peak.values())
+    shares = ", ".join(
+        f"{name} {kb * 1024 / 1e9:.2f}" for name, kb in sorted(peak.values(), key=lambda item: -item[1])
+    )
+    print(
+        f"memory: peak {total * 1024 / 1e9:.2f} GB summed over {len(peak)} process(es) at {peak_at:.0f} s "
+        f"of {wall:.0f} s ({shares} GB); exit status {child.returncode}",
+        flush=True,
+    )
+    return child.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

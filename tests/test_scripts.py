@@ -63,7 +63,7 @@ def test_every_script_and_entry_point_has_a_smoke_run():
         "bench/eval.py",
         "bench/learner.py",
         "bench/learner_memory.py",
-        "bench/memory.py",  # a helper of the two *_scale scripts: their smoke runs run it
+        "bench/memory.py",
         "bench/async_rollouts.py",
         "bench/sandbox.py",
         "bench/sandbox_load.py",
@@ -217,6 +217,22 @@ def test_bench_learner(tmp_path):
             float(rows["full-step"][column]), abs=1e-5
         )
     assert "| full-step-2 |" in out and "weights to the learners" in out
+
+
+def test_bench_memory_sums_a_commands_process_tree():
+    # a parent holding ~300 MB starts a child holding ~200 MB: the peak is their sum, each named
+    child = "x = bytearray(200_000_000); import time; time.sleep(1.5)"
+    parent = (
+        "import subprocess, sys, time; x = bytearray(300_000_000); "
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}]); p.wait(); sys.exit(3)"
+    )
+    out = subprocess.run(
+        [sys.executable, "bench/memory.py", "--interval", "0.05", "--", sys.executable, "-c", parent],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 3, out.stderr  # the command's own exit status
+    peak = re.search(r"memory: peak ([\d.]+) GB summed over 2 process\(es\)", out.stdout)
+    assert peak and 0.5 <= float(peak.group(1)) < 0.8, out.stdout
 
 
 @pytest.mark.slow
