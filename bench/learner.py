@@ -32,7 +32,9 @@ timed step. ``fsdp2-step-2`` is ``full-step-2`` with the model split between the
 rank 0's whole copy). ``full-step-softmax`` is ``full-step`` scoring each row through a log-softmax
 over its whole logits (how the learner scored before
 :mod:`~toolgym.training.learn.chosen_logprobs`: the logits, their log-softmax and their gradients
-are each ``rows x vocabulary`` floats). Each process uses ``--threads`` threads.
+are each ``rows x vocabulary`` floats). ``full-step-checkpoint`` is ``full-step`` with the decoder
+layers checkpointed (``train.batching.checkpoint_layers``: each keeps only its input and runs again in
+the backward pass). Each process uses ``--threads`` threads.
 
 Reported per mode: trainable parameters, seconds per step (best of the rounds), learner tokens/s
 (every token of every trained sequence, divided by the step's time: the same work in every mode),
@@ -149,11 +151,15 @@ MODES = {  # lora, share_prefix, share_across_groups, learner processes
     "full-step-2": (False, True, True, 2),
     "fsdp2-step-2": (False, True, True, 2),
     "full-step-softmax": (False, True, True, 1),
+    "full-step-checkpoint": (False, True, True, 1),
 }
 BY_TOKENS = {"full-step-tokens"}  # micro-batches by --micro-batch-tokens, not by count
 #: the log-softmax over every row's whole logits, as before the chunked path (chosen_logprobs)
 FULL_VOCABULARY = {"full-step-softmax"}
-SHARDED = {"fsdp2-step-2"}  # the learners split the model with FSDP2 (train.learners.shard = "fsdp2")
+SHARDED = {"fsdp2-step-2"}
+CHECKPOINTED = {
+    "full-step-checkpoint"
+}  # train.batching.checkpoint_layers: decoder layers recomputed  # the learners split the model with FSDP2 (train.learners.shard = "fsdp2")
 DEFAULT_MODES = "full-unshared,full-group,full-step,lora-step"
 
 
@@ -179,6 +185,7 @@ def timed_step(
     across: bool,
     learners: LearnerGroup | None = None,
     budget: int = 0,
+    checkpoint: bool = False,
 ) -> tuple[float, PeakRSS, float, float]:
     """One learner step (gradient over the plan, clip, optimizer step): seconds, memory, loss, grad norm.
 
@@ -193,6 +200,7 @@ def timed_step(
         micro_batch_tokens=budget,
         temperature=trainer.config.sampling.temperature,
         share_prefix=share,
+        checkpoint_layers=checkpoint,
     )
     with PeakRSS() as memory:
         t0 = time.perf_counter()
@@ -262,7 +270,13 @@ def run(trainers: dict[bool, Trainer], args: argparse.Namespace) -> None:
                 with full_vocabulary(mode in FULL_VOCABULARY):
                     results[mode].append(
                         timed_step(
-                            trainer, plan, share=share, across=across, learners=learners, budget=budget
+                            trainer,
+                            plan,
+                            share=share,
+                            across=across,
+                            learners=learners,
+                            budget=budget,
+                            checkpoint=mode in CHECKPOINTED,
                         )
                     )
                 print(f"round {r + 1} {mode}: {results[mode][-1][0]:.1f} s", flush=True)

@@ -207,15 +207,14 @@ def test_bench_learner(tmp_path):
     # --smoke: the demo's environment and learner step on a group of 2, with the tiny byte-level model
     out = run(
         "bench/learner.py", "--smoke", "--rounds", "1", "--trajectories", tmp_path / "group.jsonl",
-        "--modes", "full-unshared,full-group,full-step,lora-step,full-step-2,full-step-tokens",
+        "--modes", "full-unshared,full-group,full-step,lora-step,full-step-2,full-step-tokens,full-step-checkpoint",
     )  # fmt: skip
     assert "| lora-step |" in out and "x the speed of full-unshared" in out
     rows = {r.split("|")[1].strip(): r.split("|") for r in out.splitlines() if r.startswith("| full-")}
-    # micro-batches by a token budget: the same loss and gradient norm as by count (float rounding)
-    for column in (-3, -2):
-        assert float(rows["full-step-tokens"][column]) == pytest.approx(
-            float(rows["full-step"][column]), abs=1e-5
-        )
+    # micro-batches by a token budget, checkpointed layers: the same loss and gradient norm (float rounding)
+    for mode in ("full-step-tokens", "full-step-checkpoint"):
+        for column in (-3, -2):
+            assert float(rows[mode][column]) == pytest.approx(float(rows["full-step"][column]), abs=1e-5)
     assert "| full-step-2 |" in out and "weights to the learners" in out
 
 

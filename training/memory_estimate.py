@@ -9,7 +9,9 @@ The learner's peak is the sum of what one forward/backward pass holds at once:
   ``max_total_tokens``) plus, with prefix sharing, one shared prefix (at most one sequence) whose graph
   is kept until the group's backward pass. The bytes per token are *measured* on the model itself: one
   short forward pass with grad, counting the tensors autograd saves (weights excluded), so an
-  architecture, LoRA or attention kernel is accounted for as it runs;
+  architecture, LoRA or attention kernel is accounted for as it runs. With
+  ``train.batching.checkpoint_layers`` the probe runs checkpointed (the layers' inputs), plus one
+  layer's share of the plain probe (the layer being recomputed in the backward pass);
 - scoring the sampled tokens: the logits of the pass's rows, their log-softmax and their gradient, each
   ``rows x vocabulary`` fp32, capped by :mod:`~toolgym.training.learn.chosen_logprobs`'s chunks when the
   model has a plain output layer (and not at all otherwise).
@@ -31,6 +33,7 @@ import torch
 from toolgym.training.config import RunConfig
 from toolgym.training.config.policy import EngineConfig, HFPolicyConfig
 from toolgym.training.learn.chosen_logprobs import CHUNK_BYTES, WHOLE_BYTES, lm_parts
+from toolgym.training.learn.layer_checkpoint import checkpointed_layers, decoder_layers
 
 __all__ = ["MemoryEstimate", "activation_bytes_per_token", "estimate_memory"]
 
@@ -78,8 +81,11 @@ def _gb(size: int) -> str:
     return f"{size / 1e9:.2f}"
 
 
-def activation_bytes_per_token(model: torch.nn.Module, tokens: int = PROBE_TOKENS) -> int:
-    """Bytes autograd keeps per token of a forward pass with grad (weights excluded), measured.
+def activation_bytes_per_token(
+    model: torch.nn.Module, tokens: int = PROBE_TOKENS, *, checkpoint: bool = False
+) -> int:
+    """Bytes autograd keeps per token of a forward pass with grad (weights excluded), measured; with
+    ``checkpoint``, of the pass with checkpointed decoder layers.
 
     With a plain output layer the pass stops at the decoder's hidden states (the learner scores from
     them, :mod:`~toolgym.training.learn.chosen_logprobs`); otherwise the model's logits are part of it.
@@ -96,8 +102,13 @@ def activation_bytes_per_token(model: torch.nn.Module, tokens: int = PROBE_TOKEN
         return tensor
 
     parts = lm_parts(model)
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        out = parts[0](input_ids=ids) if parts is not None else model(input_ids=ids)
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+    with torch.enable_grad(), hooks, checkpointed_layers(model, checkpoint):
+        out = (
+            parts[0](input_ids=ids, use_cache=False)
+            if parts is not None
+            else model(input_ids=ids, use_cache=False)
+        )
         del out  # the graph and every saved tensor go with it; no backward pass runs
     return -(-sum(saved.values()) // tokens)
 
@@ -107,7 +118,8 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """The config's memory with ``model`` as the learner's model (see the module docstring).
 
-    ``per_token``: activation bytes per token when already known (else measured on ``model``).
+    ``per_token``: activation bytes per token of a plain pass when already known (else measured on
+    ``model``).
     """
     tc = config.train
     params = list(model.parameters())
@@ -115,9 +127,14 @@ def estimate_memory(
     trainable = sum(p.numel() for p in params if p.requires_grad)
     longest = max(env.max_total_tokens for env in config.envs)
     budget = tc.batching.micro_batch_tokens or tc.batching.micro_batch * longest
-    tokens = budget + (longest if tc.batching.share_prefix else 0)
+    prefix = longest if tc.batching.share_prefix else 0  # its context pass is never checkpointed
+    tokens = budget + prefix
     if per_token is None:
         per_token = activation_bytes_per_token(model)
+    pass_rate = per_token
+    layers = len(decoder_layers(model))
+    if tc.batching.checkpoint_layers and layers:
+        pass_rate = activation_bytes_per_token(model, checkpoint=True) + per_token // layers
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
     logits = tokens * vocab * 4
     if lm_parts(model) is not None and logits > WHOLE_BYTES:
@@ -127,7 +144,7 @@ def estimate_memory(
         "reference": weights if tc.loss.kl_coef > 0 else 0,
         "gradients": trainable * 4,
         "AdamW": trainable * 8,
-        "activations": tokens * per_token,
+        "activations": budget * pass_rate + prefix * per_token,
         "scoring": 3 * logits,  # the logits, their log-softmax and their gradient
     }
     sampler: dict[str, int] = {}

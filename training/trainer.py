@@ -496,6 +496,7 @@ class Trainer:
                 micro_batch_tokens=tc.batching.micro_batch_tokens,
                 temperature=self.config.sampling.temperature,
                 share_prefix=tc.batching.share_prefix,
+                checkpoint_layers=tc.batching.checkpoint_layers,
                 reference=self.reference,
             )
         lr = self.optimizer.lr

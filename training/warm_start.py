@@ -240,7 +240,7 @@ def sampled_nll(model: torch.nn.Module, chunk: Sequence[Trajectory]) -> tuple[to
 
 
 def shared_nll(
-    model: torch.nn.Module, chunk: Sequence[Trajectory]
+    model: torch.nn.Module, chunk: Sequence[Trajectory], *, checkpoint_layers: bool = False
 ) -> tuple[torch.Tensor, int, Callable[[], None]]:
     """:func:`sampled_nll` with the chunk's common prefix computed once; also returns ``finish``.
 
@@ -250,12 +250,15 @@ def shared_nll(
     suffix. Call ``finish()`` right after ``nll.backward()``: it sends the prefix's share of the
     gradient through the prefix once. The value and the gradient equal :func:`sampled_nll`'s (a test
     checks both within 1e-5); without a common prefix of two tokens this is :func:`sampled_nll`.
+    ``checkpoint_layers``: the suffixes' decoder layers run checkpointed (same value and gradient).
     """
     import torch
 
     seqs = [t.token_ids for t in chunk]
     masks = [[0, *t.loss_mask[1:]] for t in chunk]  # the first token has no prefix to predict it from
-    scorer = SequenceScorer(model, seqs, masks=masks) if len(chunk) > 1 else None
+    scorer = (
+        SequenceScorer(model, seqs, masks=masks, checkpoint=checkpoint_layers) if len(chunk) > 1 else None
+    )
     if scorer is None or not scorer.shared:
         nll, tokens = sampled_nll(model, chunk)
         return nll, tokens, lambda: None
@@ -274,12 +277,15 @@ def fine_tune(
     seed: int,
     lock: Any = None,
     progress: Callable[[int, int], None] | None = None,
+    checkpoint_layers: bool = False,
 ) -> list[float]:
     """Minimise the mean NLL of the trajectories' mask-1 tokens; returns the mean loss of each epoch.
 
     One optimizer step per micro-batch, on that micro-batch's mean token NLL. ``lock`` (the policy's
     weights lock) is held around each update so a concurrent sampler never sees half-updated weights.
     ``progress(done, total)`` is called after every optimizer step (``total``: epochs x micro-batches).
+    ``checkpoint_layers`` (``train.batching.checkpoint_layers``): the shared-prefix path's suffix passes
+    run their decoder layers checkpointed.
     """
     import torch
 
@@ -300,7 +306,7 @@ def fine_tune(
         for start in range(0, len(order), config.micro_batch):
             chunk = [trajectories[k] for k in order[start : start + config.micro_batch]]
             optimizer.zero_grad(set_to_none=True)
-            nll, tokens, finish = shared_nll(model, chunk)
+            nll, tokens, finish = shared_nll(model, chunk, checkpoint_layers=checkpoint_layers)
             (nll / max(tokens, 1)).backward()
             finish()
             if lock is not None:

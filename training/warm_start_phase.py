@@ -146,6 +146,7 @@ async def _make_warm_start(trainer: Any, make_env: Callable[[], Any], started: f
             seed=warm_start_seed(config),
             lock=trainer.handle.lock,
             progress=lambda done, total: bar.update(done, total=total),
+            checkpoint_layers=config.train.batching.checkpoint_layers,
         )
     return summarize(episodes, kept, losses, started, tools=tuple(tools))
 

@@ -93,3 +93,16 @@ def test_the_trainer_says_its_estimate_at_start(tmp_path: Path):
         assert "memory estimate on cpu: learner at most" in out.getvalue()
     finally:
         trainer.close()
+
+
+def test_checkpointed_layers_shrink_the_activations_but_not_the_prefix_s(model):
+    base = ["policy.kind=tiny", "env.max_total_tokens=1024", "train.batching.micro_batch=4"]
+    plain = estimate_memory(load_config(None, base), model)
+    checkpointed = estimate_memory(load_config(None, [*base, "train.batching.checkpoint_layers=true"]), model)
+    per_token = activation_bytes_per_token(model)
+    assert plain.learner["activations"] == plain.tokens * per_token
+    layer_inputs = activation_bytes_per_token(model, checkpoint=True)
+    assert layer_inputs < per_token / 2
+    # the pass: layer inputs plus the one layer being recomputed; the shared prefix's pass: plain
+    expected = 4 * 1024 * (layer_inputs + per_token // 2) + 1024 * per_token
+    assert checkpointed.learner["activations"] == expected < plain.learner["activations"]

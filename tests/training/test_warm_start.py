@@ -198,21 +198,21 @@ def test_shared_prefix_fine_tune_gives_the_unshared_loss_and_gradient() -> None:
     ]
     grads = []
     values = []
-    for shared in (False, True):
+    for variant in ("plain", "shared", "shared with checkpointed layers"):
         model = tiny_model(hidden=32, layers=2, seed=5).float()
-        if shared:
-            nll, tokens, finish = shared_nll(model, rows)
-            (nll / tokens).backward()
-            finish()
-        else:
+        if variant == "plain":
             nll, tokens = sampled_nll(model, rows)
             (nll / tokens).backward()
-        values.append((float(nll), tokens))
+        else:
+            nll, tokens, finish = shared_nll(model, rows, checkpoint_layers=variant != "shared")
+            (nll / tokens).backward()
+            finish()
+        values.append((float(nll.detach()), tokens))
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
-    assert values[0][1] == values[1][1] == 11
-    assert values[1][0] == pytest.approx(values[0][0], abs=1e-5)
-    assert grads[0].shape == grads[1].shape
-    assert float((grads[0] - grads[1]).abs().max()) < 1e-5
+    assert values[0][1] == values[1][1] == values[2][1] == 11
+    for value, grad in zip(values[1:], grads[1:], strict=True):
+        assert value[0] == pytest.approx(values[0][0], abs=1e-5)
+        assert grad.shape == grads[0].shape and float((grads[0] - grad).abs().max()) < 1e-5
     assert float(grads[0].abs().max()) > 1e-3  # the comparison is not between two zero gradients
 
 

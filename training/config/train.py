@@ -215,11 +215,16 @@ class BatchingConfig:
             common prefix once on top of it, and score only each sample's suffix against them (same
             logprobs and gradient up to float rounding, several times less compute); ``false`` runs
             every sequence in full (the control the learner bench uses).
+        checkpoint_layers: activation checkpointing: each decoder layer keeps only its input for the
+            backward pass and runs its forward again there (same values and gradient up to float
+            rounding; activations several times smaller, one more forward pass of compute); the
+            shared prefixes' passes are not checkpointed. Not with ``train.learners.shard = "fsdp2"``.
     """
 
     micro_batch: int = 4
     micro_batch_tokens: int = 0
     share_prefix: bool = True
+    checkpoint_layers: bool = False
 
     def __post_init__(self) -> None:
         _at_least(self, "train.batching", 1, "micro_batch")
@@ -404,6 +409,12 @@ class TrainConfig:
             raise ConfigError(
                 "train.learners.shard = 'fsdp2' with LoRA (train.lora.rank > 0): not supported; LoRA's "
                 "optimizer state is small, use train.learners.shard = 'none'"
+            )
+        if self.learners.shard == "fsdp2" and self.batching.checkpoint_layers:
+            raise ConfigError(
+                "train.batching.checkpoint_layers with train.learners.shard = 'fsdp2': not supported (the "
+                "sharded learner gathers each layer's weights in its own hooks); use "
+                "train.learners.shard = 'none', or leave checkpoint_layers off"
             )
         if self.learners.nodes != "trainer" and self.rollouts.backend != "ray":
             raise ConfigError(

@@ -137,6 +137,7 @@ def accumulate_gradients(
     share_across_groups: bool = True,
     step_tokens: int | None = None,
     step_sequences: int | None = None,
+    checkpoint_layers: bool = False,
 ) -> LossSums:
     """Step 4: the loss's gradient over the plan's samples, accumulated into ``model``'s ``.grad``.
 
@@ -147,7 +148,9 @@ def accumulate_gradients(
     prefix on top of it. Every micro-batch's terms are already weighted for the whole step, so the
     sums are the full-batch values. A data-parallel learner passes ``plan``, one rank's share of the
     step, with the whole step's ``step_tokens`` and ``step_sequences``, so that the ranks' gradients
-    sum to the step's (:mod:`toolgym.training.distributed.learners`).
+    sum to the step's (:mod:`toolgym.training.distributed.learners`). ``checkpoint_layers`` runs each
+    micro-batch's decoder layers checkpointed (:mod:`~toolgym.training.learn.layer_checkpoint`: the same
+    values and gradient, less memory, one more forward pass).
     """
     for sample in plan.samples:
         check_token_receipt(sample.trajectory)
@@ -174,6 +177,7 @@ def accumulate_gradients(
             masks=masks,
             entropy=True,
             parent=root,
+            checkpoint=checkpoint_layers,
         )
         ref = None
         if reference is not None:  # the KL's reference model: scored the same way, no graph

@@ -259,7 +259,8 @@ def token_scores(
         valid[i, : len(seq)] = 1
     device = next(model.parameters()).device  # the learner may live on a GPU; results stay there
     ids, valid = ids.to(device), valid.to(device)
-    rows, _ = run_rows(model, None, input_ids=ids, attention_mask=valid)
+    # no cache: nothing reads it, and a checkpointed layer's recomputation must not write it twice
+    rows, _ = run_rows(model, None, input_ids=ids, attention_mask=valid, use_cache=False)
     taken, ent_rows = chosen_logprobs(
         rows.first(length - 1), ids[:, 1:], temperature=temperature, entropy=entropy
     )

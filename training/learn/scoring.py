@@ -46,6 +46,7 @@ import torch
 
 from toolgym.training.learn.batching import common_prefix_length
 from toolgym.training.learn.chosen_logprobs import Hidden, Logits, chosen_logprobs, run_rows
+from toolgym.training.learn.layer_checkpoint import PrefixCache, checkpointed_layers
 from toolgym.training.learn.loss import token_scores
 
 __all__ = ["SequenceScorer"]
@@ -71,6 +72,8 @@ class SequenceScorer:
         masks: per sequence, 1 where the caller reads the logprob (the loss mask); with sharing, logits
             are computed only at positions some sequence reads (see :meth:`logprobs`). ``None`` reads all.
         entropy: also compute each read position's entropy (:meth:`scores`; a diagnostic, no grad).
+        checkpoint: run the decoder layers of :meth:`scores`' passes checkpointed (with ``grad``:
+            :mod:`~toolgym.training.learn.layer_checkpoint`); the context passes never are.
     """
 
     def __init__(
@@ -85,11 +88,13 @@ class SequenceScorer:
         masks: Sequence[Sequence[int]] | None = None,
         entropy: bool = False,
         parent: SequenceScorer | None = None,
+        checkpoint: bool = False,
     ) -> None:
         if not sequences:
             raise ValueError("SequenceScorer needs at least one sequence")
         self.model, self.temperature, self.grad, self.pad_id = model, temperature, grad, pad_id
         self.entropy = entropy
+        self.checkpoint = checkpoint and grad
         self._prefix_entropy: torch.Tensor | None = None
         self.device = next(model.parameters()).device
         self.prefix: tuple[int, ...] = ()
@@ -211,12 +216,15 @@ class SequenceScorer:
         if self.prefix and not self._leaves:
             raise RuntimeError("SequenceScorer.logprobs called after backward(); build a new scorer")
         if not self.prefix:
-            logp, _, ent = token_scores(
-                self.model, sequences, temperature=self.temperature, pad_id=self.pad_id, entropy=self.entropy
-            )
+            with checkpointed_layers(self.model, self.checkpoint):
+                logp, _, ent = token_scores(
+                    self.model,
+                    sequences,
+                    temperature=self.temperature,
+                    pad_id=self.pad_id,
+                    entropy=self.entropy,
+                )
             return logp, ent
-        from transformers import DynamicCache
-
         shared = len(self.prefix)
         for seq in sequences:
             if tuple(seq[:shared]) != self.prefix:
@@ -235,14 +243,15 @@ class SequenceScorer:
             attention[i, context : context + len(suffix)] = 1
         ids, attention = ids.to(self.device), attention.to(self.device)
         *kv, prefix_logp = self._leaves
-        past = DynamicCache(
-            ddp_cache_data=[
+        # read, never written: a checkpointed layer's recomputation sees the same keys/values
+        past = PrefixCache(
+            [
                 (kv[i].expand(batch, -1, -1, -1), kv[i + 1].expand(batch, -1, -1, -1))
                 for i in range(0, len(kv), 2)
             ]
         )
         keep = self._read_rows(masks, shared, width - 1)  # suffix row j predicts token shared + j
-        with torch.set_grad_enabled(self.grad):
+        with torch.set_grad_enabled(self.grad), checkpointed_layers(self.model, self.checkpoint):
             rows, _ = run_rows(
                 self.model,
                 keep,
