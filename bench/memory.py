@@ -2,10 +2,12 @@
 
 Usage, for a whole command (a training run and the engine processes it starts)::
 
-    python bench/memory.py [--interval 0.2] -- toolgym train --config demo --out runs/demo
+    python bench/memory.py [--interval 0.2] [--timeline FILE.tsv] -- toolgym train --config demo --out runs/demo
 
 runs the command, samples the summed resident memory of its process tree every ``--interval`` seconds
 and prints the peak with each process's share at that moment; the exit status is the command's.
+``--timeline`` also writes a line a second: seconds since the start, the summed GB, each process's GB
+(to set beside the run's log and see which phase the peak belongs to).
 
 :class:`PeakRSS` samples this process's resident memory while a block runs (how far a learner step
 raises it).
@@ -21,6 +23,7 @@ from __future__ import annotations
 import os
 import resource
 import threading
+from pathlib import Path
 
 __all__ = ["PeakRSS", "TreePeak", "rss_bytes", "self_peak_mb", "tree_rss", "tree_rss_kb"]
 
@@ -105,6 +108,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description="peak summed RSS of a command's process tree")
     parser.add_argument("--interval", type=float, default=0.2)
+    parser.add_argument("--timeline", type=Path, help="write seconds, summed GB and each process's GB here")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -113,12 +117,22 @@ def main() -> int:
     start = time.monotonic()
     child = subprocess.Popen(command)
     peak: dict[int, tuple[str, int]] = {}
-    peak_at = 0.0
-    while child.poll() is None:
-        now = tree_rss(child.pid)
-        if sum(kb for _, kb in now.values()) > sum(kb for _, kb in peak.values()):
-            peak, peak_at = now, time.monotonic() - start
-        time.sleep(args.interval)
+    peak_at, written = 0.0, -1
+    timeline = open(args.timeline, "w") if args.timeline else None  # noqa: SIM115 - closed below
+    try:
+        while child.poll() is None:
+            now, at = tree_rss(child.pid), time.monotonic() - start
+            if sum(kb for _, kb in now.values()) > sum(kb for _, kb in peak.values()):
+                peak, peak_at = now, at
+            if timeline is not None and int(at) > written:
+                written = int(at)
+                shares = " ".join(f"{name}:{kb * 1024 / 1e9:.2f}" for name, kb in now.values())
+                timeline.write(f"{at:.0f}\t{sum(kb for _, kb in now.values()) * 1024 / 1e9:.2f}\t{shares}\n")
+                timeline.flush()
+            time.sleep(args.interval)
+    finally:
+        if timeline is not None:
+            timeline.close()
     wall = time.monotonic() - start
     total = sum(kb for _, kb in peak.values())
     shares = ", ".join(

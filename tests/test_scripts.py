@@ -218,20 +218,23 @@ def test_bench_learner(tmp_path):
     assert "| full-step-2 |" in out and "weights to the learners" in out
 
 
-def test_bench_memory_sums_a_commands_process_tree():
+def test_bench_memory_sums_a_commands_process_tree(tmp_path):
     # a parent holding ~300 MB starts a child holding ~200 MB: the peak is their sum, each named
     child = "x = bytearray(200_000_000); import time; time.sleep(1.5)"
+    timeline = tmp_path / "timeline.tsv"
     parent = (
         "import subprocess, sys, time; x = bytearray(300_000_000); "
         f"p = subprocess.Popen([sys.executable, '-c', {child!r}]); p.wait(); sys.exit(3)"
     )
     out = subprocess.run(
-        [sys.executable, "bench/memory.py", "--interval", "0.05", "--", sys.executable, "-c", parent],
+        [sys.executable, "bench/memory.py", "--interval", "0.05", "--timeline", timeline, "--", sys.executable, "-c", parent],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert out.returncode == 3, out.stderr  # the command's own exit status
     peak = re.search(r"memory: peak ([\d.]+) GB summed over 2 process\(es\)", out.stdout)
     assert peak and 0.5 <= float(peak.group(1)) < 0.8, out.stdout
+    lines = [line.split("\t") for line in timeline.read_text().splitlines()]
+    assert lines and max(float(line[1]) for line in lines) <= float(peak.group(1))
 
 
 @pytest.mark.slow
