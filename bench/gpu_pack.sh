@@ -54,3 +54,4 @@ for name in ("config.json", "generation_config.json", "tokenizer.json", "tokeniz
 PY
 du -sh "$out"
 echo "gpu_pack: done; send the repository with $out/ and run: bash bench/gpu_smoke.sh runs/gpu-smoke"
+echo "gpu_pack: the sampler benchmark from the same pack: python bench/gpu.py --device cuda --shapes 135m,1b --episodes 8,32,64 --shape-dir $out/model-shape --out runs/gpu.json"
