@@ -54,7 +54,7 @@ from toolgym.agents.eval.evaluate import left_out_warning
 from toolgym.agents.harness import get_harness
 from toolgym.agents.policies.vllm_log import ENGINE_LOG
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
-from toolgym.errors import CheckpointError, ConfigError
+from toolgym.errors import CheckpointError, ConfigError, RunStopped
 from toolgym.procs import descendants, record_processes, stop_leftovers
 from toolgym.records.trackers import Trackers
 from toolgym.registry import check_id
@@ -484,21 +484,25 @@ class Trainer:
         losses = LossSums()
         reduced: dict[str, float] = {}
         if not skipped:
-            losses, reduced = await asyncio.to_thread(
-                self.learners.accumulate,  # one learner: accumulate_gradients itself
-                self.model,
-                self.optimizer,
-                plan,
-                config=self.config,
-                step=self.step + 1,
-                loss=tc.loss,
-                micro_batch=tc.batching.micro_batch,
-                micro_batch_tokens=tc.batching.micro_batch_tokens,
-                temperature=self.config.sampling.temperature,
-                share_prefix=tc.batching.share_prefix,
-                checkpoint_layers=tc.batching.checkpoint_layers,
-                reference=self.reference,
-            )
+            try:
+                losses, reduced = await asyncio.to_thread(
+                    self.learners.accumulate,  # one learner: accumulate_gradients itself
+                    self.model,
+                    self.optimizer,
+                    plan,
+                    config=self.config,
+                    step=self.step + 1,
+                    loss=tc.loss,
+                    micro_batch=tc.batching.micro_batch,
+                    micro_batch_tokens=tc.batching.micro_batch_tokens,
+                    temperature=self.config.sampling.temperature,
+                    share_prefix=tc.batching.share_prefix,
+                    checkpoint_layers=tc.batching.checkpoint_layers,
+                    reference=self.reference,
+                )
+            except torch.OutOfMemoryError as exc:
+                self.optimizer.zero_grad()
+                raise self._out_of_memory(exc) from exc
         lr = self.optimizer.lr
         signal = bool(plan.samples)
         if signal and workers is not None:
@@ -524,6 +528,25 @@ class Trainer:
             updated=updated,
             sync={**sync, **reduced},
             skipped=skipped,
+        )
+
+    def _out_of_memory(self, exc: BaseException) -> RunStopped:
+        """The learner's device ran out of memory: what to lower, and that a rerun resumes."""
+        batching = self.config.train.batching
+        longest = max(env.max_total_tokens for env in self.config.envs)
+        budget = (
+            f"now {batching.micro_batch_tokens}"
+            if batching.micro_batch_tokens
+            else f"now 0: passes of up to micro_batch x max_total_tokens = {batching.micro_batch * longest}"
+        )
+        estimate = "" if self.memory is None else f"; at start it was estimated at {self.memory.describe()}"
+        first = str(exc).splitlines()[0] if str(exc) else "no detail"
+        return RunStopped(
+            f"the learner ran out of memory on {self.config.policy.learner_device} in step {self.step + 1} "
+            f"({first}): lower train.batching.micro_batch_tokens ({budget} tokens a pass) or "
+            f"train.batching.micro_batch (now {batching.micro_batch}), or set "
+            f"train.batching.checkpoint_layers = true{estimate}. Rerunning the same command resumes from "
+            "the last checkpoint (the steps after it run again)"
         )
 
     def _publish(self, plan: StepPlan, finite_loss: bool = True) -> tuple[float, dict[str, float]]:

@@ -84,3 +84,44 @@ def test_unknown_env_id_says_did_you_mean(tmp_path: Path) -> None:
     config = load_config(None, ["env.id=toolgym/SerchQA-v0", "policy.kind=tiny"])
     with pytest.raises(ConfigError, match="(?i)did you mean"):
         Trainer(config, tmp_path)
+
+
+async def test_a_learner_out_of_memory_stops_the_run_naming_what_to_lower_and_a_rerun_resumes(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A CUDA out-of-memory error in the second step's gradient (injected: the CPU has none) stops the
+    run with RunStopped naming the settings; the first step's checkpoint resumes the same run."""
+    from toolgym.errors import RunStopped
+    from toolgym.training.distributed import learners
+
+    real, calls = learners.accumulate_gradients, []
+
+    def second_step_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(learners, "accumulate_gradients", second_step_fails)
+    config = load_config(None, [*tiny_overrides(steps=2), "train.checkpoint_every=1"])
+    trainer = Trainer(config, tmp_path)
+    try:
+        with pytest.raises(RunStopped) as info:
+            await trainer.run()
+    finally:
+        trainer.close()
+    message = str(info.value)
+    assert "ran out of memory on cpu in step 2 (CUDA out of memory. Tried to allocate 2.00 GiB)" in message
+    assert (
+        "train.batching.micro_batch_tokens (now 0: passes of up to micro_batch x max_total_tokens" in message
+    )
+    assert "train.batching.checkpoint_layers = true" in message and "memory estimate on cpu" in message
+    assert "resumes from the last checkpoint" in message
+    monkeypatch.setattr(learners, "accumulate_gradients", real)
+    again = Trainer(config, tmp_path)
+    try:
+        assert again.resume() and again.step == 1
+        history = await again.run()
+    finally:
+        again.close()
+    assert [m["step"] for m in history] == [2.0] and again.step == 2
