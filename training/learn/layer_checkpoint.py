@@ -81,6 +81,9 @@ def _read_only_layer() -> type:
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+            keys, values = self.keys, self.values
+            if keys is None or values is None:  # a layer built from (keys, values) always holds both
+                raise RuntimeError("a PrefixCache layer without the prefix's keys/values")
+            return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
     return ReadOnlyLayer
