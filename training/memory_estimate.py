@@ -137,7 +137,8 @@ def estimate_memory(
         pass_rate = activation_bytes_per_token(model, checkpoint=True) + per_token // layers
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
     logits = tokens * vocab * 4
-    if lm_parts(model) is not None and logits > WHOLE_BYTES:
+    plain_head = lm_parts(model) is not None
+    if plain_head and logits > WHOLE_BYTES:
         logits = CHUNK_BYTES  # chunked: the logits of a chunk at a time (recomputed in the backward pass)
     learner = {
         "weights": weights,
@@ -145,7 +146,8 @@ def estimate_memory(
         "gradients": trainable * 4,
         "AdamW": trainable * 8,
         "activations": budget * pass_rate + prefix * per_token,
-        "scoring": 3 * logits,  # the logits, their log-softmax and their gradient
+        # the logits, their log-softmax and their gradient (the probe counted a model's own logits)
+        "scoring": (3 if plain_head else 2) * logits,
     }
     sampler: dict[str, int] = {}
     pc = config.policy
@@ -157,7 +159,10 @@ def estimate_memory(
             kv = int(pc.kv_cache_gib * GiB)
         elif device.startswith("cuda") and torch.cuda.is_available():
             kv = max(
-                int(pc.gpu_memory_utilization * torch.cuda.get_device_properties(0).total_memory)
+                int(
+                    pc.gpu_memory_utilization
+                    * torch.cuda.get_device_properties(torch.device(device)).total_memory
+                )
                 - engine_weights,
                 0,
             )
