@@ -29,14 +29,14 @@ from toolgym.core import Trajectory, sampled_ids_hash
 from toolgym.training.config import RunConfig, load_config
 from toolgym.training.learn.grpo import accumulate_gradients, plan_step
 from toolgym.training.learn.optim import LearnerOptimizer
-from toolgym.training.memory_estimate import estimate_memory
+from toolgym.training.memory_estimate import estimate_memory, pass_budget
 
 
 def budget_group(config: RunConfig, vocab: int, seed: int = 0) -> list[Trajectory]:
     """``micro_batch`` sequences of ``max_total_tokens`` tokens that fill one pass of the config's budget."""
     rng = random.Random(seed)
     length = max(env.max_total_tokens for env in config.envs)
-    tokens = config.train.batching.micro_batch_tokens or config.train.batching.micro_batch * length
+    tokens = pass_budget(config)
     group = []
     for i in range(tokens // length):
         ids = [i + 1] + [rng.randrange(1, vocab) for _ in range(length - 1)]  # no two share a first token
@@ -98,8 +98,6 @@ def measure(name: str, overrides: list[str], model_for: str) -> dict[str, float]
             optimizer.step(tc.optim.max_grad_norm)
             seconds.append(time.perf_counter() - t0)
         rises.append(memory.rise)
-        if not rises[0]:
-            break
     part = estimate.learner
     return {
         "tokens": float(estimate.tokens),

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from toolgym.errors import RunStopped
 from toolgym.training.config import RunConfig
 from toolgym.training.config.policy import EngineConfig, HFPolicyConfig
 from toolgym.training.learn.chosen_logprobs import CHUNK_BYTES, WHOLE_BYTES, lm_parts
 from toolgym.training.learn.layer_checkpoint import checkpointed_layers, decoder_layers
 
-__all__ = ["MemoryEstimate", "activation_bytes_per_token", "estimate_memory"]
+__all__ = ["MemoryEstimate", "activation_bytes_per_token", "estimate_memory", "out_of_memory", "pass_budget"]
 
 GiB = 1 << 30
 #: Tokens of the probe that measures activations per token (the count is linear in it: tested).
@@ -113,6 +114,36 @@ def activation_bytes_per_token(
     return -(-sum(saved.values()) // tokens)
 
 
+def pass_budget(config: RunConfig) -> int:
+    """The most tokens one learner pass may take: ``train.batching.micro_batch_tokens``, else
+    ``micro_batch`` sequences of the longest ``max_total_tokens``."""
+    batching = config.train.batching
+    return batching.micro_batch_tokens or batching.micro_batch * max(
+        env.max_total_tokens for env in config.envs
+    )
+
+
+def out_of_memory(
+    config: RunConfig, step: int, exc: BaseException, estimate: MemoryEstimate | None
+) -> RunStopped:
+    """The stop for a learner whose device ran out of memory in ``step``: what to lower, and that a
+    rerun resumes."""
+    batching = config.train.batching
+    budget = (
+        f"now {batching.micro_batch_tokens}"
+        if batching.micro_batch_tokens
+        else f"now 0: passes of up to micro_batch x max_total_tokens = {pass_budget(config)}"
+    )
+    said = "" if estimate is None else f"; at start it was estimated at {estimate.describe()}"
+    first = str(exc).splitlines()[0] if str(exc) else "no detail"
+    return RunStopped(
+        f"the learner ran out of memory on {config.policy.learner_device} in step {step} ({first}): lower "
+        f"train.batching.micro_batch_tokens ({budget} tokens a pass) or train.batching.micro_batch (now "
+        f"{batching.micro_batch}), or set train.batching.checkpoint_layers = true{said}. Rerunning the same "
+        "command resumes from the last checkpoint (the steps after it run again)"
+    )
+
+
 def estimate_memory(
     config: RunConfig, model: torch.nn.Module, *, per_token: int | None = None
 ) -> MemoryEstimate:
@@ -126,7 +157,7 @@ def estimate_memory(
     weights = sum(p.numel() * p.element_size() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)
     longest = max(env.max_total_tokens for env in config.envs)
-    budget = tc.batching.micro_batch_tokens or tc.batching.micro_batch * longest
+    budget = pass_budget(config)
     prefix = longest if tc.batching.share_prefix else 0  # its context pass is never checkpointed
     tokens = budget + prefix
     if per_token is None:

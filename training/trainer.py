@@ -54,7 +54,7 @@ from toolgym.agents.eval.evaluate import left_out_warning
 from toolgym.agents.harness import get_harness
 from toolgym.agents.policies.vllm_log import ENGINE_LOG
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
-from toolgym.errors import CheckpointError, ConfigError, RunStopped
+from toolgym.errors import CheckpointError, ConfigError
 from toolgym.procs import descendants, record_processes, stop_leftovers
 from toolgym.records.trackers import Trackers
 from toolgym.registry import check_id
@@ -77,7 +77,7 @@ from toolgym.training.learn.lora import apply_lora
 from toolgym.training.learn.optim import LearnerOptimizer
 from toolgym.training.learn.rewards import shaped_reward
 from toolgym.training.learn.step_guard import StepGuard, nonfinite_logprobs
-from toolgym.training.memory_estimate import MemoryEstimate, estimate_memory
+from toolgym.training.memory_estimate import MemoryEstimate, estimate_memory, out_of_memory
 from toolgym.training.policy_build import Closable, build_policy, learner_model, require_trainable
 from toolgym.training.policy_handle import PolicyHandle
 from toolgym.training.progress import RunProgress
@@ -502,7 +502,7 @@ class Trainer:
                 )
             except torch.OutOfMemoryError as exc:
                 self.optimizer.zero_grad()
-                raise self._out_of_memory(exc) from exc
+                raise out_of_memory(self.config, self.step + 1, exc, self.memory) from exc
         lr = self.optimizer.lr
         signal = bool(plan.samples)
         if signal and workers is not None:
@@ -528,25 +528,6 @@ class Trainer:
             updated=updated,
             sync={**sync, **reduced},
             skipped=skipped,
-        )
-
-    def _out_of_memory(self, exc: BaseException) -> RunStopped:
-        """The learner's device ran out of memory: what to lower, and that a rerun resumes."""
-        batching = self.config.train.batching
-        longest = max(env.max_total_tokens for env in self.config.envs)
-        budget = (
-            f"now {batching.micro_batch_tokens}"
-            if batching.micro_batch_tokens
-            else f"now 0: passes of up to micro_batch x max_total_tokens = {batching.micro_batch * longest}"
-        )
-        estimate = "" if self.memory is None else f"; at start it was estimated at {self.memory.describe()}"
-        first = str(exc).splitlines()[0] if str(exc) else "no detail"
-        return RunStopped(
-            f"the learner ran out of memory on {self.config.policy.learner_device} in step {self.step + 1} "
-            f"({first}): lower train.batching.micro_batch_tokens ({budget} tokens a pass) or "
-            f"train.batching.micro_batch (now {batching.micro_batch}), or set "
-            f"train.batching.checkpoint_layers = true{estimate}. Rerunning the same command resumes from "
-            "the last checkpoint (the steps after it run again)"
         )
 
     def _publish(self, plan: StepPlan, finite_loss: bool = True) -> tuple[float, dict[str, float]]:

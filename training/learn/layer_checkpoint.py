@@ -12,7 +12,7 @@ decoder layer's ``forward`` is wrapped in :func:`torch.utils.checkpoint.checkpoi
 keyword arguments, the cache included, reach the recomputation unchanged) for the passes that ask for
 it. That is exact only if running a layer twice computes the same thing twice: the model runs in eval
 mode (no dropout), and the cache a checkpointed pass reads must not grow when a layer runs, which is why
-such passes attend to the prefix through :class:`PrefixCache` (never written) or run without a cache.
+such passes attend to the prefix through :func:`read_only_cache` (never written) or run without a cache.
 The context passes that *build* the shared prefix's cache are never checkpointed.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["PrefixCache", "checkpointed_layers", "decoder_layers"]
+__all__ = ["checkpointed_layers", "decoder_layers", "read_only_cache"]
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -56,7 +56,7 @@ def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def PrefixCache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:  # noqa: N802 - builds a cache
+def read_only_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     """A transformers cache over per-layer ``(keys, values)`` that a pass reads and never writes.
 
     Each layer's attention gets the prefix's keys/values followed by the pass's own, as from a
@@ -83,7 +83,7 @@ def _read_only_layer() -> type:
         ) -> tuple[torch.Tensor, torch.Tensor]:
             keys, values = self.keys, self.values
             if keys is None or values is None:  # a layer built from (keys, values) always holds both
-                raise RuntimeError("a PrefixCache layer without the prefix's keys/values")
+                raise RuntimeError("a read-only cache layer without the prefix's keys/values")
             return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
     return ReadOnlyLayer

@@ -46,7 +46,7 @@ import torch
 
 from toolgym.training.learn.batching import common_prefix_length
 from toolgym.training.learn.chosen_logprobs import Hidden, Logits, chosen_logprobs, run_rows
-from toolgym.training.learn.layer_checkpoint import PrefixCache, checkpointed_layers
+from toolgym.training.learn.layer_checkpoint import checkpointed_layers, read_only_cache
 from toolgym.training.learn.loss import token_scores
 
 __all__ = ["SequenceScorer"]
@@ -244,7 +244,7 @@ class SequenceScorer:
         ids, attention = ids.to(self.device), attention.to(self.device)
         *kv, prefix_logp = self._leaves
         # read, never written: a checkpointed layer's recomputation sees the same keys/values
-        past = PrefixCache(
+        past = read_only_cache(
             [
                 (kv[i].expand(batch, -1, -1, -1), kv[i + 1].expand(batch, -1, -1, -1))
                 for i in range(0, len(kv), 2)
