@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import itertools
 import json
 import os
@@ -66,7 +67,7 @@ from toolgym.core import SamplingParams, Trajectory
 from toolgym.training.config import load_config
 from toolgym.training.distributed.learners import LearnerGroup
 from toolgym.training.learn import chosen_logprobs
-from toolgym.training.learn.grpo import StepPlan, accumulate_gradients, plan_step
+from toolgym.training.learn.grpo import StepPlan, StepSettings, accumulate_gradients, plan_step
 from toolgym.training.learn.lora import trainable_count
 from toolgym.training.sampling.workers import make_env
 from toolgym.training.trainer import Trainer
@@ -194,7 +195,7 @@ def timed_step(
     """
     tc = trainer.config.train
     trainer.optimizer.zero_grad()
-    settings = dict(
+    settings = StepSettings(
         loss=tc.loss,
         micro_batch=len(plan.samples) if budget else tc.batching.micro_batch,
         micro_batch_tokens=budget,
@@ -206,10 +207,12 @@ def timed_step(
         t0 = time.perf_counter()
         if learners is not None:
             sums, _ = learners.accumulate(
-                trainer.model, trainer.optimizer, plan, config=trainer.config, step=1, **settings
+                trainer.model, trainer.optimizer, plan, config=trainer.config, step=1, settings=settings
             )
         else:
-            sums = accumulate_gradients(trainer.model, plan, share_across_groups=across, **settings)
+            sums = accumulate_gradients(
+                trainer.model, plan, dataclasses.replace(settings, share_across_groups=across)
+            )
         if learners is not None:  # sharded: each rank steps its shards, rank 0 gathers the weights
             norm = learners.optimizer_step(trainer.model, trainer.optimizer, tc.optim.max_grad_norm)
         else:

@@ -27,7 +27,7 @@ from memory import PeakRSS  # bench/memory.py (this script's folder is on sys.pa
 
 from toolgym.core import Trajectory, sampled_ids_hash
 from toolgym.training.config import RunConfig, load_config
-from toolgym.training.learn.grpo import accumulate_gradients, plan_step
+from toolgym.training.learn.grpo import StepSettings, accumulate_gradients, plan_step
 from toolgym.training.learn.optim import LearnerOptimizer
 from toolgym.training.memory_estimate import estimate_memory, pass_budget
 
@@ -89,11 +89,13 @@ def measure(name: str, overrides: list[str], model_for: str) -> dict[str, float]
             accumulate_gradients(
                 model,
                 plan,
-                tc.loss,
-                micro_batch=tc.batching.micro_batch,
-                micro_batch_tokens=tc.batching.micro_batch_tokens,
-                temperature=config.sampling.temperature,
-                share_prefix=False,
+                StepSettings(
+                    tc.loss,
+                    micro_batch=tc.batching.micro_batch,
+                    micro_batch_tokens=tc.batching.micro_batch_tokens,
+                    temperature=config.sampling.temperature,
+                    share_prefix=False,
+                ),
             )
             optimizer.step(tc.optim.max_grad_norm)
             seconds.append(time.perf_counter() - t0)

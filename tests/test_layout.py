@@ -48,6 +48,7 @@ REMOVED = (
     "toolgym.training.policies",
     "toolgym.training.arms",
     "toolgym.training.heldout_run",
+    "toolgym.training.warm_start_phase",
 )
 #: inside toolgym.training and toolgym.agents, each sub-package's rank: a module imports only modules of
 #: its own sub-package or of a lower rank ("top" is the package's own top-level modules)
@@ -58,8 +59,9 @@ RANKS = {
         "distributed": 1,
         "sampling": 2,
         "heldout": 2,
-        "top": 3,
-        "experiments": 4,
+        "warm_start": 3,
+        "top": 4,
+        "experiments": 5,
     },
     "toolgym.agents": {"chat": 0, "policies": 1, "top": 2, "eval": 3},
 }

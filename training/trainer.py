@@ -72,7 +72,7 @@ from toolgym.training.distributed.learners import LearnerGroup
 from toolgym.training.export import export_checkpoint
 from toolgym.training.heldout.curve import curve_point
 from toolgym.training.learn.batching import LossSums
-from toolgym.training.learn.grpo import StepPlan, StepResult, plan_step
+from toolgym.training.learn.grpo import StepPlan, StepResult, StepSettings, plan_step
 from toolgym.training.learn.lora import apply_lora
 from toolgym.training.learn.optim import LearnerOptimizer
 from toolgym.training.learn.rewards import shaped_reward
@@ -95,7 +95,7 @@ from toolgym.training.step_log import (
     write_step,
     write_train_manifest,
 )
-from toolgym.training.warm_start_phase import run_warm_start
+from toolgym.training.warm_start.phase import WarmStartPhase
 from toolgym.training.weight_sync import VLLMWeightSync, file_dtype
 
 __all__ = ["Trainer", "build_policy", "shaped_reward"]  # shaped_reward: re-exported
@@ -379,12 +379,31 @@ class Trainer:
 
     async def _before_rollouts(self, make_env: Callable[[], Any]) -> None:
         """The warm start (before any rollout worker samples), the curve's first point and the task pool."""
-        await run_warm_start(self, make_env)
+        await self.warm_start(make_env)
         if self.config.heldout.every and self.step == 0:
             await self._curve()
         pool = await task_pool(self.config, self.run_dir, self.task_ids, self.progress, self.policy)
         if pool is not None:
             self.sampler.samplers[0].task_ids = pool
+
+    async def warm_start(self, make_env: Callable[[], Any]) -> None:
+        """The configured warm start, once (a resumed run never repeats it): its weights, published like an
+        RL step's, the KL's anchor, and a step-0 checkpoint and export, so the warm-started policy can be
+        evaluated on its own (``run:DIR@0``; the held-out control arm)."""
+        if not self.config.warm_start.enabled or self.warm_started:
+            return
+        phase = WarmStartPhase(
+            self.config, self.policy, self.model, self.handle.lock, self.harness, self.task_ids, self.progress
+        )
+        result = await phase.weights(make_env)
+        self.optimizer.reload_masters()  # a bf16 model's fp32 masters still hold the weights before it
+        self.handle.publish()
+        if self.reference is not None:
+            self.reference.load_state_dict(self.model.state_dict())
+        self.warm_started = True
+        result.write(self.run_dir)
+        save_checkpoint(self.run_dir, self.state_dict())
+        export_checkpoint(self.run_dir, self.model, self.policy, step=0)
 
     def _rollout_workers(self, makes: Sequence[Callable[[], Any]]) -> RolloutWorkers:
         """The workers that sample every environment's episodes with the training policy."""
@@ -427,7 +446,13 @@ class Trainer:
         names = self.env_names if mixed else None
         events = observe_curricula(self.curricula, names, drawn)
         records = group_records(kept, result, dropped)
-        curriculum = mixture_metrics(self, drawn) if mixed else self.curriculum.metrics()
+        curriculum = (
+            mixture_metrics(
+                self.env_names, self.curricula, self.sampler, self.config.curriculum.success_threshold, drawn
+            )
+            if mixed
+            else self.curriculum.metrics()
+        )
         if self.task_filter is not None:
             curriculum = {**curriculum, **self.task_filter.metrics()}
         metrics = step_metrics(
@@ -492,13 +517,15 @@ class Trainer:
                     plan,
                     config=self.config,
                     step=self.step + 1,
-                    loss=tc.loss,
-                    micro_batch=tc.batching.micro_batch,
-                    micro_batch_tokens=tc.batching.micro_batch_tokens,
-                    temperature=self.config.sampling.temperature,
-                    share_prefix=tc.batching.share_prefix,
-                    checkpoint_layers=tc.batching.checkpoint_layers,
-                    reference=self.reference,
+                    settings=StepSettings(
+                        loss=tc.loss,
+                        micro_batch=tc.batching.micro_batch,
+                        micro_batch_tokens=tc.batching.micro_batch_tokens,
+                        temperature=self.config.sampling.temperature,
+                        share_prefix=tc.batching.share_prefix,
+                        checkpoint_layers=tc.batching.checkpoint_layers,
+                        reference=self.reference,
+                    ),
                 )
             except torch.OutOfMemoryError as exc:
                 self.optimizer.zero_grad()

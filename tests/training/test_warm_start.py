@@ -16,7 +16,7 @@ from toolgym.training.heldout.table import check_disjoint, heldout_table
 from toolgym.training.learn.loss import TokenFidelityError, token_logprobs
 from toolgym.training.tiny_policy import TinyPolicy, tiny_model
 from toolgym.training.trainer import Trainer
-from toolgym.training.warm_start import _usable, fine_tune, reference_demonstrator
+from toolgym.training.warm_start.demonstrations import _usable, fine_tune, reference_demonstrator
 
 TINY = tiny_overrides()
 
@@ -139,7 +139,7 @@ async def test_demonstrations_are_kept_by_the_verifier_and_trained_on(tmp_path: 
     from toolgym.agents.harness import get_harness
     from toolgym.agents.policies.base import RulePolicy
     from toolgym.training.sampling.workers import make_env
-    from toolgym.training.warm_start import rejection_sample
+    from toolgym.training.warm_start.demonstrations import rejection_sample
 
     policy = TinyPolicy(hidden=32, layers=1, seed=0)
     # a demonstrator that answers all letters on even tasks and all digits on odd ones
@@ -168,7 +168,7 @@ async def test_demonstrations_are_kept_by_the_verifier_and_trained_on(tmp_path: 
 
 
 def test_sampled_nll_equals_the_full_forward_pass() -> None:
-    from toolgym.training.warm_start import sampled_nll
+    from toolgym.training.warm_start.demonstrations import sampled_nll
 
     model = TinyPolicy(hidden=32, layers=2, seed=1).model
     rows = [
@@ -188,7 +188,7 @@ def test_sampled_nll_equals_the_full_forward_pass() -> None:
 
 def test_shared_prefix_fine_tune_gives_the_unshared_loss_and_gradient() -> None:
     from toolgym.training.tiny_policy import tiny_model
-    from toolgym.training.warm_start import sampled_nll, shared_nll
+    from toolgym.training.warm_start.demonstrations import sampled_nll, shared_nll
 
     prompt = list(range(40, 90))  # the shared system text / worked turn
     rows = [
@@ -223,14 +223,13 @@ async def _warm_started(run: Path, *extra: str) -> Trainer:
     """A tiny run's warm start (and nothing else) into ``run``, from one starting model (as a model file
     on disk would be: the tiny policy is otherwise built from ``train.seed``)."""
     from toolgym.training.sampling.workers import env_factory
-    from toolgym.training.warm_start_phase import run_warm_start
 
     trainer = Trainer(load_config(None, [*TINY, *WARM, *extra]), run)
     trainer.model.load_state_dict(tiny_model(hidden=32, layers=2, seed=0).state_dict())
     trainer.optimizer.reload_masters()
     make, free = env_factory("asyncio", trainer.config.env.id, dict(trainer.config.env.kwargs))
     try:
-        await run_warm_start(trainer, make)
+        await trainer.warm_start(make)
     finally:
         free()
         trainer.close()
@@ -244,7 +243,7 @@ async def test_warm_start_seed_lets_another_rl_seed_share_one_warm_start(tmp_pat
     from safetensors.torch import save_file
 
     from toolgym.training.config import to_dict
-    from toolgym.training.warm_start_phase import reuse_warm_start
+    from toolgym.training.warm_start.reuse import reuse_warm_start
 
     a = await _warm_started(tmp_path / "a")
     b = await _warm_started(tmp_path / "b", "train.seed=1", "warm_start.seed=0")
@@ -282,7 +281,7 @@ async def test_a_warm_start_without_weights_on_disk_is_rebuilt_and_checked_by_it
 
     from toolgym.training.config import to_dict
     from toolgym.training.run_result import write_run_result
-    from toolgym.training.warm_start_phase import weights_sha256
+    from toolgym.training.warm_start.identity import weights_sha256
 
     def record(run: Path) -> dict:
         return json.loads((run / "warm_start.json").read_text())

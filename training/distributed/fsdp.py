@@ -44,7 +44,7 @@ import torch
 from toolgym.training.config import TrainConfig
 from toolgym.training.distributed.step import local_gradients, reduce_sums
 from toolgym.training.learn.batching import LossSums
-from toolgym.training.learn.grpo import StepPlan
+from toolgym.training.learn.grpo import StepPlan, StepSettings
 from toolgym.training.learn.optim import LearnerOptimizer
 
 __all__ = ["SHARD_MODES", "ShardedLearner", "fsdp_units"]
@@ -120,7 +120,7 @@ class ShardedLearner:
         return cls(copy.deepcopy(model), train, world, 0, state)
 
     # ------------------------------------------------------------------ one step
-    def accumulate(self, plan: StepPlan, settings: dict[str, Any]) -> tuple[LossSums, float]:
+    def accumulate(self, plan: StepPlan, settings: StepSettings) -> tuple[LossSums, float]:
         """This rank's share of the step's gradient, reduce-scattered into the sharded ``.grad``
         (summed over ranks); returns the step's loss sums (summed over ranks) and the seconds spent
         in the synchronising pass and the sums' reduction."""

@@ -93,7 +93,7 @@ from toolgym.training.distributed.step import (
 )
 from toolgym.training.distributed.worker import FAULT_ENV, exit_worker, worker_main
 from toolgym.training.learn.batching import LossSums
-from toolgym.training.learn.grpo import StepPlan, accumulate_gradients
+from toolgym.training.learn.grpo import StepPlan, StepSettings, accumulate_gradients
 
 __all__ = [  # the step's pieces (learner_step, learner_worker) are re-exported: one place to import the learner from
     "FAULT_ENV",
@@ -344,11 +344,12 @@ class LearnerGroup:
         *,
         config: RunConfig,
         step: int,
-        **settings: Any,
+        settings: StepSettings,
     ) -> tuple[LossSums, dict[str, float]]:
-        """The step's gradient in ``model``'s ``.grad`` (summed over learners) and its loss sums."""
+        """The step's gradient in ``model``'s ``.grad`` (summed over learners) and its loss sums; the
+        other learners get ``plan`` and ``settings`` as they are."""
         if not self.distributed or not plan.samples:
-            return accumulate_gradients(model, plan, **settings), {}
+            return accumulate_gradients(model, plan, settings), {}
         self.step_number = step
         try:
             if not self.synced:

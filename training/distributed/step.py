@@ -20,7 +20,7 @@ import torch
 
 from toolgym.errors import ConfigError, RunStopped
 from toolgym.training.learn.batching import LossSums
-from toolgym.training.learn.grpo import StepPlan, accumulate_gradients
+from toolgym.training.learn.grpo import StepPlan, StepSettings, accumulate_gradients
 
 __all__ = [
     "LearnersDiverged",
@@ -118,7 +118,7 @@ def agree(model: torch.nn.Module, world: int) -> None:
 
 
 def local_gradients(
-    model: torch.nn.Module, plan: StepPlan, rank: int, world: int, settings: dict[str, Any]
+    model: torch.nn.Module, plan: StepPlan, rank: int, world: int, settings: StepSettings
 ) -> LossSums:
     """Accumulate this rank's share of the step into ``.grad`` (no collective), each token weighed by
     the whole step's denominators; a rank with no group this step adds nothing."""
@@ -126,7 +126,7 @@ def local_gradients(
     if not mine.groups:
         return LossSums()
     return accumulate_gradients(
-        model, mine, step_tokens=plan.tokens, step_sequences=len(plan.samples), **settings
+        model, mine, settings, step_tokens=plan.tokens, step_sequences=len(plan.samples)
     )
 
 
@@ -146,7 +146,7 @@ class ReplicatedStep:
         self.model, self.world, self.rank = model, world, rank
         self.params = [p for p in model.parameters() if p.requires_grad]
 
-    def run(self, plan: StepPlan, settings: dict[str, Any]) -> tuple[LossSums, float]:
+    def run(self, plan: StepPlan, settings: StepSettings) -> tuple[LossSums, float]:
         agree(self.model, self.world)
         sums = local_gradients(self.model, plan, self.rank, self.world, settings)
         t0 = time.perf_counter()

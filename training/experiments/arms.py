@@ -38,7 +38,7 @@ of them is refused, by name): the held-out set (``heldout.n``, ``split``, ``seed
 the training environments and their task selection (unless ``allow = ["env"]``) and the starting
 policy (``policy.kind``, ``policy.model``, the tiny model's size). With a warm start the first arm
 makes it and every other arm loads it (``warm_start.reuse``), so an arm that changes what decides
-the warm start (``warm_start_phase.warm_start_identity``, the first stage's tools) is refused too;
+the warm start (``warm_start.identity.warm_start_identity``, the first stage's tools) is refused too;
 later arms also reuse the first arm's held-out ``base`` and ``control`` evaluations
 (``heldout.reuse``) instead of running them again. After each arm trains, its run manifest must pose
 the same environment as the first arm's (:func:`toolgym.records.manifest.manifest_differences`).
@@ -64,7 +64,7 @@ from toolgym.records.manifest import flatten
 from toolgym.records.trackers import check_trackers
 from toolgym.registry import check_id
 from toolgym.training.config import RunConfig, TinyPolicyConfig, load_config, resolve_shipped, to_dict
-from toolgym.training.warm_start_phase import warm_start_identity, warm_start_tools
+from toolgym.training.warm_start.identity import warm_start_identity, warm_start_tools
 
 __all__ = [
     "ALLOWABLE",
@@ -295,7 +295,7 @@ def _env_keys(envs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _warm_start_keys(config: RunConfig) -> dict[str, Any]:
-    """What decides a warm start (as :func:`~toolgym.training.warm_start_phase.reuse_warm_start` checks it)."""
+    """What decides a warm start (as :func:`~toolgym.training.warm_start.reuse.reused_warm_start` checks it)."""
     out = warm_start_identity(to_dict(config))
     out["the warm start's tools (warm_start.tools, else the first curriculum stage)"] = sorted(
         warm_start_tools(config)

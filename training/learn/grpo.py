@@ -37,7 +37,15 @@ from toolgym.training.learn.loss import (
 from toolgym.training.learn.rewards import shaped_reward
 from toolgym.training.learn.scoring import SequenceScorer
 
-__all__ = ["Sample", "StepPlan", "StepResult", "accumulate_gradients", "informative", "plan_step"]
+__all__ = [
+    "Sample",
+    "StepPlan",
+    "StepResult",
+    "StepSettings",
+    "accumulate_gradients",
+    "informative",
+    "plan_step",
+]
 
 
 @dataclass(frozen=True)
@@ -124,24 +132,44 @@ def plan_step(
     return StepPlan(advantages=tuple(advantages), groups=tuple(trained), zero_variance=zero_variance)
 
 
+@dataclass(frozen=True)
+class StepSettings:
+    """How a learner step scores and weighs its samples (``[train]``'s loss and batching, the sampling
+    temperature), the same on every learner process: rank 0 sends it to the others as it is.
+
+    Attributes:
+        loss: the surrogate and its variants (``[train.loss]``).
+        micro_batch: sequences a forward pass takes at most; ``micro_batch_tokens``: the token budget of
+            one (0: none, ``micro_batch`` alone bounds it).
+        temperature: the sampling temperature the behaviour logprobs were taken at.
+        share_prefix: each group's shared prompt prefix computed once; ``share_across_groups``: the
+            step's common context too, once for the step.
+        checkpoint_layers: decoder layers recomputed in the backward pass rather than kept.
+        reference: the KL's reference model (``None`` without a KL term).
+    """
+
+    loss: LossConfig
+    micro_batch: int
+    temperature: float
+    micro_batch_tokens: int = 0
+    share_prefix: bool = True
+    share_across_groups: bool = True
+    checkpoint_layers: bool = False
+    reference: torch.nn.Module | None = None
+
+
 def accumulate_gradients(
     model: torch.nn.Module,
     plan: StepPlan,
-    loss: LossConfig,
+    settings: StepSettings,
     *,
-    micro_batch: int,
-    temperature: float,
-    micro_batch_tokens: int = 0,
-    share_prefix: bool = True,
-    reference: torch.nn.Module | None = None,
-    share_across_groups: bool = True,
     step_tokens: int | None = None,
     step_sequences: int | None = None,
-    checkpoint_layers: bool = False,
 ) -> LossSums:
     """Step 4: the loss's gradient over the plan's samples, accumulated into ``model``'s ``.grad``.
 
-    With ``share_prefix`` each group is scored on its own, its shared prompt prefix computed once
+    How it scores and weighs is ``settings`` (:class:`StepSettings`). With ``share_prefix`` each group is
+    scored on its own, its shared prompt prefix computed once
     (same logprobs and gradient, a fraction of the compute); without it the step's samples stream
     through micro-batches in order, each a full forward pass. With ``share_across_groups`` (and several
     groups) the prompt every group starts with is computed once for the step, each group's own
@@ -154,11 +182,17 @@ def accumulate_gradients(
     """
     for sample in plan.samples:
         check_token_receipt(sample.trajectory)
+    loss, temperature, share_prefix, reference = (
+        settings.loss,
+        settings.temperature,
+        settings.share_prefix,
+        settings.reference,
+    )
     tokens = plan.tokens if step_tokens is None else step_tokens
     sequences = len(plan.samples) if step_sequences is None else step_sequences
     sums = LossSums()
     root = None  # the step's common context (system text, tools, worked example), run once
-    if share_prefix and share_across_groups and len(plan.groups) > 1:
+    if share_prefix and settings.share_across_groups and len(plan.groups) > 1:
         root = SequenceScorer(
             model,
             [s.trajectory.token_ids for s in plan.samples],
@@ -177,14 +211,16 @@ def accumulate_gradients(
             masks=masks,
             entropy=True,
             parent=root,
-            checkpoint=checkpoint_layers,
+            checkpoint=settings.checkpoint_layers,
         )
         ref = None
         if reference is not None:  # the KL's reference model: scored the same way, no graph
             ref = SequenceScorer(
                 reference, seqs, grad=False, temperature=temperature, share_prefix=share_prefix, masks=masks
             )
-        for chunk in micro_batches(unit, micro_batch, max_tokens=micro_batch_tokens, shared=scorer.shared):
+        for chunk in micro_batches(
+            unit, settings.micro_batch, max_tokens=settings.micro_batch_tokens, shared=scorer.shared
+        ):
             batch = pack_batch(chunk, device=scorer.device)
             read = [s.trajectory.loss_mask for s in chunk]
             logp, entropy = scorer.scores(batch.sequences, read)

@@ -36,6 +36,7 @@ from toolgym.core import TaskToolEnv, Trajectory
 from toolgym.errors import ConfigError
 from toolgym.records.manifest import env_fingerprint
 from toolgym.training.config.sections import MixtureConfig
+from toolgym.training.sampling.curriculum import ToolCurriculum
 from toolgym.training.sampling.workers import GroupSampler, make_env
 
 __all__ = [
@@ -166,7 +167,7 @@ def env_metrics(
 
 
 def observe_curricula(
-    curricula: Sequence[Any], names: Sequence[str] | None, groups: Sequence[Any]
+    curricula: Sequence[ToolCurriculum], names: Sequence[str] | None, groups: Sequence[Any]
 ) -> list[dict[str, Any]]:
     """Each environment's curriculum sees its own episodes of a step (``groups``, each with ``env``);
     returns the step's unlock events, each naming its environment when ``names`` are given."""
@@ -178,17 +179,23 @@ def observe_curricula(
     return events
 
 
-def mixture_metrics(trainer: Any, groups: Sequence[Any]) -> dict[str, float]:
-    """A mixture's per-environment metrics of a step: rewards (:func:`env_metrics`), each curriculum's
-    metrics under ``curriculum/<name>/`` and the sampler's weights under ``mixture/<name>/``."""
-    names = trainer.env_names
+def mixture_metrics(
+    names: Sequence[str],
+    curricula: Sequence[ToolCurriculum],
+    sampler: MixtureSampler,
+    success_threshold: float,
+    groups: Sequence[Any],
+) -> dict[str, float]:
+    """A mixture's per-environment metrics of a step: rewards (:func:`env_metrics`, an episode counting
+    as a success at ``success_threshold``), each curriculum's metrics under ``curriculum/<name>/`` and
+    the sampler's weights under ``mixture/<name>/``."""
     envs, trajectories = [g.env for g in groups], [g.trajectories for g in groups]
-    out = env_metrics(names, envs, trajectories, trainer.config.curriculum.success_threshold)
-    for name, curriculum in zip(names, trainer.curricula, strict=True):
+    out = env_metrics(names, envs, trajectories, success_threshold)
+    for name, curriculum in zip(names, curricula, strict=True):
         out.update(
             {k.replace("curriculum/", f"curriculum/{name}/"): v for k, v in curriculum.metrics().items()}
         )
-    return out | trainer.sampler.metrics(names)
+    return out | sampler.metrics(names)
 
 
 def probe_env(

@@ -28,7 +28,7 @@ from toolgym.training.distributed.learners import (
     shard_groups,
     shard_plan,
 )
-from toolgym.training.learn.grpo import accumulate_gradients, plan_step
+from toolgym.training.learn.grpo import StepSettings, accumulate_gradients, plan_step
 from toolgym.training.learn.loss import LossConfig
 from toolgym.training.tiny_policy import tiny_model
 
@@ -122,11 +122,11 @@ def test_the_ranks_gradients_sum_to_the_one_process_gradient() -> None:
             ]
         )
     plan = plan_step(groups)
-    settings = dict(loss=LossConfig(), micro_batch=2, temperature=1.0)
+    settings = StepSettings(loss=LossConfig(), micro_batch=2, temperature=1.0)
 
     def grads(model: torch.nn.Module, part=None, **kw) -> list[torch.Tensor]:
         model.zero_grad()
-        accumulate_gradients(model, part or plan, **settings, **kw)
+        accumulate_gradients(model, part or plan, settings, **kw)
         return [p.grad.clone() for p in model.parameters()]
 
     model = tiny_model(hidden=16, layers=1, seed=1)

@@ -13,7 +13,7 @@ from builders import tiny_overrides, trajectory
 from toolgym.errors import ConfigError
 from toolgym.training.config import load_config
 from toolgym.training.learn.batching import Sample
-from toolgym.training.learn.grpo import StepPlan, accumulate_gradients
+from toolgym.training.learn.grpo import StepPlan, StepSettings, accumulate_gradients
 from toolgym.training.learn.layer_checkpoint import decoder_layers
 from toolgym.training.learn.loss import LossConfig
 from toolgym.training.memory_estimate import activation_bytes_per_token
@@ -57,7 +57,7 @@ def gradient(
         for layer in decoder_layers(model)
     ]
     try:
-        sums = accumulate_gradients(model, plan, LossConfig(), temperature=0.8, **settings)
+        sums = accumulate_gradients(model, plan, StepSettings(LossConfig(), temperature=0.8, **settings))
     finally:
         for hook in hooks:
             hook.remove()

@@ -85,12 +85,11 @@ WARM = ["warm_start.samples=4", "warm_start.min_reward=0.0", "warm_start.epochs=
 async def _warm_started(run: Path, *extra: str) -> Trainer:
     """A tiny trainer after its warm start alone (no RL step); the caller closes it."""
     from toolgym.training.sampling.workers import env_factory
-    from toolgym.training.warm_start_phase import run_warm_start
 
     trainer = Trainer(load_config(None, [*tiny_overrides(steps=1), *WARM, *extra]), run)
     make, free = env_factory("asyncio", trainer.config.env.id, dict(trainer.config.env.kwargs))
     try:
-        await run_warm_start(trainer, make)
+        await trainer.warm_start(make)
     finally:
         free()
     assert json.loads((run / "warm_start.json").read_text())["kept"] > 0

@@ -166,7 +166,7 @@ def test_a_steps_common_prompt_is_shared_across_groups_exactly(tiny, question_le
     """Three groups: one prompt for all, then each group's own question (0 tokens: the groups'
     prefixes end where the step's does), then per-sample turns. Two-level sharing (the step's prompt
     once, each group's question once on top of it) gives the full passes' loss and gradient."""
-    from toolgym.training.learn.grpo import StepPlan, accumulate_gradients
+    from toolgym.training.learn.grpo import StepPlan, StepSettings, accumulate_gradients
     from toolgym.training.learn.loss import LossConfig
 
     rng = random.Random(5)
@@ -187,7 +187,7 @@ def test_a_steps_common_prompt_is_shared_across_groups_exactly(tiny, question_le
     for share in (False, True):
         tiny.zero_grad(set_to_none=True)
         sums = accumulate_gradients(
-            tiny, plan, LossConfig(), micro_batch=2, temperature=0.8, share_prefix=share
+            tiny, plan, StepSettings(LossConfig(), micro_batch=2, temperature=0.8, share_prefix=share)
         )
         grads = {n: p.grad.detach().clone() for n, p in tiny.named_parameters() if p.grad is not None}
         results[share] = (sums, grads)
@@ -303,7 +303,7 @@ def test_shared_prefix_matches_full_passes_on_smollm2() -> None:
 def test_a_token_budget_per_micro_batch_gives_the_count_s_loss_and_gradient(tiny, share) -> None:
     """Micro-batches by a token budget (longest first, several short ones to a pass) change only the
     order of float sums: the loss terms and the gradient equal those of micro-batches by count."""
-    from toolgym.training.learn.grpo import StepPlan, accumulate_gradients
+    from toolgym.training.learn.grpo import StepPlan, StepSettings, accumulate_gradients
     from toolgym.training.learn.loss import LossConfig
 
     groups = tuple(
@@ -317,11 +317,9 @@ def test_a_token_budget_per_micro_batch_gives_the_count_s_loss_and_gradient(tiny
         sums = accumulate_gradients(
             tiny,
             plan,
-            LossConfig(),
-            micro_batch=2,
-            micro_batch_tokens=budget,
-            temperature=0.9,
-            share_prefix=share,
+            StepSettings(
+                LossConfig(), micro_batch=2, micro_batch_tokens=budget, temperature=0.9, share_prefix=share
+            ),
         )
         grads = {n: p.grad.detach().clone() for n, p in tiny.named_parameters() if p.grad is not None}
         results.append((sums, grads))
