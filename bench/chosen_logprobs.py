@@ -29,7 +29,7 @@ def one(path: str, rows: int, length: int, threads: int) -> dict[str, float]:
 
     import toolgym.training.learn.chosen_logprobs as chosen
     from toolgym.agents.policies.spec import resolve_model_dir
-    from toolgym.training.learn.loss import token_scores
+    from toolgym.training.learn.scoring import token_scores
 
     if path == "softmax":
         chosen.lm_parts = lambda model: None

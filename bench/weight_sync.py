@@ -90,7 +90,7 @@ def make_policy(kind: str, model_dir: Path, max_model_len: int, dtype: str):
 def measure(kind: str, model_dir: Path, rounds: int, dtype: str, file_dtype: str) -> dict[str, object]:
     import torch
 
-    from toolgym.training.learn.loss import token_logprobs
+    from toolgym.training.learn.scoring import token_logprobs
     from toolgym.training.policy_build import learner_model
     from toolgym.training.weight_sync import VLLMWeightSync
 

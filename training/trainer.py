@@ -71,9 +71,9 @@ from toolgym.training.config.policy import EngineConfig
 from toolgym.training.distributed.learners import LearnerGroup
 from toolgym.training.export import export_checkpoint
 from toolgym.training.heldout.curve import curve_point
-from toolgym.training.learn.batching import LossSums
 from toolgym.training.learn.grpo import StepPlan, StepResult, StepSettings, plan_step
 from toolgym.training.learn.lora import apply_lora
+from toolgym.training.learn.loss import LossSums
 from toolgym.training.learn.optim import LearnerOptimizer
 from toolgym.training.learn.rewards import shaped_reward
 from toolgym.training.learn.step_guard import StepGuard, nonfinite_logprobs

@@ -18,8 +18,7 @@ from toolgym.agents.rollout import run_episode
 from toolgym.core import SamplingParams, Trajectory
 from toolgym.errors import ConfigError
 from toolgym.parsing import format_tool_call
-from toolgym.training.learn.grpo import plan_step
-from toolgym.training.learn.loss import check_token_receipt
+from toolgym.training.learn.grpo import check_token_receipt, plan_step
 
 PAGE = "kiwi " * 100  # 500 characters: 500 byte tokens
 

@@ -42,7 +42,7 @@ TINY_VLLM = [
 def _learner_logprobs(model, ids: list[int]) -> list[float]:
     import torch
 
-    from toolgym.training.learn.loss import token_logprobs
+    from toolgym.training.learn.scoring import token_logprobs
 
     with torch.no_grad():
         logp, _ = token_logprobs(model, [ids])

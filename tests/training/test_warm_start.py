@@ -13,7 +13,8 @@ from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
 from toolgym.training.config import WarmStartConfig, load_config
 from toolgym.training.heldout.table import check_disjoint, heldout_table
-from toolgym.training.learn.loss import TokenFidelityError, token_logprobs
+from toolgym.training.learn.grpo import TokenFidelityError
+from toolgym.training.learn.scoring import token_logprobs
 from toolgym.training.tiny_policy import TinyPolicy, tiny_model
 from toolgym.training.trainer import Trainer
 from toolgym.training.warm_start.demonstrations import _usable, fine_tune, reference_demonstrator

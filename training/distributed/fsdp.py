@@ -43,8 +43,8 @@ import torch
 
 from toolgym.training.config import TrainConfig
 from toolgym.training.distributed.step import local_gradients, reduce_sums
-from toolgym.training.learn.batching import LossSums
 from toolgym.training.learn.grpo import StepPlan, StepSettings
+from toolgym.training.learn.loss import LossSums
 from toolgym.training.learn.optim import LearnerOptimizer
 
 __all__ = ["SHARD_MODES", "ShardedLearner", "fsdp_units"]

@@ -92,8 +92,8 @@ from toolgym.training.distributed.step import (
     torchrun_rank,
 )
 from toolgym.training.distributed.worker import FAULT_ENV, exit_worker, worker_main
-from toolgym.training.learn.batching import LossSums
 from toolgym.training.learn.grpo import StepPlan, StepSettings, accumulate_gradients
+from toolgym.training.learn.loss import LossSums
 
 __all__ = [  # the step's pieces (learner_step, learner_worker) are re-exported: one place to import the learner from
     "FAULT_ENV",

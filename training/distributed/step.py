@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from toolgym.errors import ConfigError, RunStopped
-from toolgym.training.learn.batching import LossSums
 from toolgym.training.learn.grpo import StepPlan, StepSettings, accumulate_gradients
+from toolgym.training.learn.loss import LossSums
 
 __all__ = [
     "LearnersDiverged",

@@ -1,8 +1,7 @@
-"""The learner's bookkeeping as pure functions: samples, micro-batches, padded tensors, summed metrics.
+"""The learner's bookkeeping as pure functions: samples, micro-batches, padded tensors.
 
 :mod:`toolgym.training.learn.grpo` plans a step into :class:`Sample` values; :func:`micro_batches` and
-:func:`pack_batch` make the padded tensors the loss takes; :class:`LossSums` adds up the step's loss
-metrics. Nothing here runs a model, so each piece has exact-value tests.
+:func:`pack_batch` make the padded tensors the loss takes. Nothing here runs a model, so each piece has exact-value tests.
 
 NOTE (masks): :func:`pack_batch` right-pads with mask 0 and behaviour logprob 0.0, so padding never
 enters the loss; the model-side scorers pad their token ids the same way.
@@ -10,17 +9,14 @@ enters the loss; the model-side scorers pad their token ids the same way.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from toolgym.core import Trajectory
-from toolgym.training.learn.loss import LossTerms
 
 __all__ = [
-    "LossSums",
     "PackedBatch",
     "Sample",
     "common_prefix_length",
@@ -127,51 +123,3 @@ def pack_batch(samples: Sequence[Sample], device: torch.device | str = "cpu") ->
         mask=mask,
         advantages=torch.tensor([s.advantage for s in samples], device=device),
     )
-
-
-@dataclass(frozen=True)
-class LossSums:
-    """The step's loss metrics, summed over micro-batches.
-
-    Every term is already weighted for the whole step (the diagnostics divided by the step's token
-    count), so the sums are the full-batch values.
-    """
-
-    pg: float = 0.0
-    kl: float = 0.0
-    clip_frac: float = 0.0
-    ratio_mean: float = 0.0
-    mismatch_kl: float = 0.0
-    tis_frac: float = 0.0
-    dual_frac: float = 0.0
-    entropy: float = 0.0
-
-    def add(self, terms: LossTerms, mismatch_kl: float, entropy: float = 0.0) -> LossSums:
-        """These sums plus one micro-batch's terms, its behaviour/learner mismatch KL and entropy."""
-        return LossSums(
-            pg=self.pg + terms.pg,
-            kl=self.kl + terms.kl,
-            clip_frac=self.clip_frac + terms.clip_frac,
-            ratio_mean=self.ratio_mean + terms.ratio_mean,
-            mismatch_kl=self.mismatch_kl + mismatch_kl,
-            tis_frac=self.tis_frac + terms.tis_frac,
-            dual_frac=self.dual_frac + terms.dual_frac,
-            entropy=self.entropy + entropy,
-        )
-
-    def finite(self) -> bool:
-        """Whether every term is a finite number: a NaN or infinite loss term (from a non-finite
-        logprob, say) means the step's gradient cannot be trusted, whatever its norm."""
-        return all(math.isfinite(v) for v in self.as_dict().values())
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "pg": self.pg,
-            "kl": self.kl,
-            "clip_frac": self.clip_frac,
-            "ratio_mean": self.ratio_mean,
-            "mismatch_kl": self.mismatch_kl,
-            "tis_frac": self.tis_frac,
-            "dual_frac": self.dual_frac,
-            "entropy": self.entropy,
-        }

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from toolgym.core import Trajectory
+from toolgym.core import Trajectory, sampled_ids_hash
+from toolgym.errors import ToolgymError
 from toolgym.training.learn.advantages import group_advantages, has_variance
-from toolgym.training.learn.batching import LossSums, Sample, micro_batches, pack_batch
+from toolgym.training.learn.batching import Sample, micro_batches, pack_batch
 from toolgym.training.learn.loss import (
     LossConfig,
-    check_token_receipt,
+    LossSums,
     mismatch_kl,
     policy_loss,
     token_weights,
@@ -41,11 +42,39 @@ __all__ = [
     "Sample",
     "StepPlan",
     "StepResult",
+    "TokenFidelityError",
     "StepSettings",
     "accumulate_gradients",
+    "check_token_receipt",
     "informative",
     "plan_step",
 ]
+
+
+class TokenFidelityError(ToolgymError):
+    """A trajectory's sampled tokens no longer match the receipt taken when they were sampled."""
+
+
+def check_token_receipt(trajectory: Trajectory) -> None:
+    """Refuse a trajectory whose sampled token ids changed after sampling.
+
+    Training on re-tokenised text would push up the probability of ids the policy never produced
+    (about 1 in 5 completions re-encode differently), so a mismatch is an error, never silently fixed.
+    """
+    if len(trajectory.token_ids) != len(trajectory.loss_mask) or len(trajectory.token_ids) != len(
+        trajectory.logprobs
+    ):
+        raise TokenFidelityError(
+            f"trajectory {trajectory.task_id!r}: token_ids ({len(trajectory.token_ids)}), loss_mask "
+            f"({len(trajectory.loss_mask)}) and logprobs ({len(trajectory.logprobs)}) must have equal lengths"
+        )
+    got = sampled_ids_hash(trajectory.token_ids, trajectory.loss_mask)
+    if got != trajectory.token_hash:
+        raise TokenFidelityError(
+            f"trajectory {trajectory.task_id!r}: sampled-token receipt mismatch (expected {trajectory.token_hash}, "
+            f"got {got}); the token ids were altered after sampling (re-tokenised?). Train only on the ids "
+            "the policy sampled."
+        )
 
 
 @dataclass(frozen=True)

@@ -8,57 +8,25 @@ and clipped rather than trusted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 from dataclasses import dataclass
 
 import torch
 
-from toolgym.core import Trajectory, sampled_ids_hash
-from toolgym.errors import ToolgymError
 from toolgym.training.config.train import AGGREGATIONS, RATIOS, LossConfig
-from toolgym.training.learn.chosen_logprobs import chosen_logprobs, run_rows
 
 __all__ = [
     "AGGREGATIONS",
     "RATIOS",
     "LossConfig",
+    "LossSums",
     "LossTerms",
-    "TokenFidelityError",
-    "check_token_receipt",
     "clipped_pg_loss",
     "k3_kl",
     "mismatch_kl",
     "policy_loss",
-    "token_logprobs",
-    "token_scores",
     "token_weights",
 ]
-
-
-class TokenFidelityError(ToolgymError):
-    """A trajectory's sampled tokens no longer match the receipt taken when they were sampled."""
-
-
-def check_token_receipt(trajectory: Trajectory) -> None:
-    """Refuse a trajectory whose sampled token ids changed after sampling.
-
-    Training on re-tokenised text would push up the probability of ids the policy never produced
-    (about 1 in 5 completions re-encode differently), so a mismatch is an error, never silently fixed.
-    """
-    if len(trajectory.token_ids) != len(trajectory.loss_mask) or len(trajectory.token_ids) != len(
-        trajectory.logprobs
-    ):
-        raise TokenFidelityError(
-            f"trajectory {trajectory.task_id!r}: token_ids ({len(trajectory.token_ids)}), loss_mask "
-            f"({len(trajectory.loss_mask)}) and logprobs ({len(trajectory.logprobs)}) must have equal lengths"
-        )
-    got = sampled_ids_hash(trajectory.token_ids, trajectory.loss_mask)
-    if got != trajectory.token_hash:
-        raise TokenFidelityError(
-            f"trajectory {trajectory.task_id!r}: sampled-token receipt mismatch (expected {trajectory.token_hash}, "
-            f"got {got}); the token ids were altered after sampling (re-tokenised?). Train only on the ids "
-            "the policy sampled."
-        )
 
 
 def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
@@ -226,45 +194,49 @@ def clipped_pg_loss(
     )
 
 
-def token_logprobs(
-    model: torch.nn.Module, sequences: Sequence[Sequence[int]], *, temperature: float = 1.0, pad_id: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of each token given its prefix, for right-padded sequences.
+@dataclass(frozen=True)
+class LossSums:
+    """The step's loss metrics, summed over micro-batches.
 
-    Returns ``(logp, valid)`` of shape ``[B, T]``: ``logp[:, t]`` is ``log p(x_t | x_<t)`` (position 0
-    has no prefix and is 0), ``valid`` marks real (non-pad) positions. Logits are divided by the
-    sampling temperature so the learner scores the same distribution the policy sampled from.
+    Every term is already weighted for the whole step (the diagnostics divided by the step's token
+    count), so the sums are the full-batch values.
     """
-    logp, valid, _ = token_scores(model, sequences, temperature=temperature, pad_id=pad_id)
-    return logp, valid
 
+    pg: float = 0.0
+    kl: float = 0.0
+    clip_frac: float = 0.0
+    ratio_mean: float = 0.0
+    mismatch_kl: float = 0.0
+    tis_frac: float = 0.0
+    dual_frac: float = 0.0
+    entropy: float = 0.0
 
-def token_scores(
-    model: torch.nn.Module,
-    sequences: Sequence[Sequence[int]],
-    *,
-    temperature: float = 1.0,
-    pad_id: int = 0,
-    entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """:func:`token_logprobs` plus, with ``entropy``, each position's entropy ``[B, T]`` (no grad).
+    def add(self, terms: LossTerms, mismatch_kl: float, entropy: float = 0.0) -> LossSums:
+        """These sums plus one micro-batch's terms, its behaviour/learner mismatch KL and entropy."""
+        return LossSums(
+            pg=self.pg + terms.pg,
+            kl=self.kl + terms.kl,
+            clip_frac=self.clip_frac + terms.clip_frac,
+            ratio_mean=self.ratio_mean + terms.ratio_mean,
+            mismatch_kl=self.mismatch_kl + mismatch_kl,
+            tis_frac=self.tis_frac + terms.tis_frac,
+            dual_frac=self.dual_frac + terms.dual_frac,
+            entropy=self.entropy + entropy,
+        )
 
-    ``entropy[:, t]`` is the entropy of the distribution that predicted ``x_t`` (0 at position 0).
-    """
-    length = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    valid = torch.zeros((len(sequences), length), dtype=torch.long)
-    for i, seq in enumerate(sequences):
-        ids[i, : len(seq)] = torch.tensor(list(seq), dtype=torch.long)
-        valid[i, : len(seq)] = 1
-    device = next(model.parameters()).device  # the learner may live on a GPU; results stay there
-    ids, valid = ids.to(device), valid.to(device)
-    # no cache: nothing reads it, and a checkpointed layer's recomputation must not write it twice
-    rows, _ = run_rows(model, None, input_ids=ids, attention_mask=valid, use_cache=False)
-    taken, ent_rows = chosen_logprobs(
-        rows.first(length - 1), ids[:, 1:], temperature=temperature, entropy=entropy
-    )
-    zero = torch.zeros((len(sequences), 1), dtype=taken.dtype, device=device)
-    logp = torch.cat([zero, taken], dim=1)
-    ent = None if ent_rows is None else torch.cat([zero, ent_rows], dim=1)
-    return logp, valid, ent
+    def finite(self) -> bool:
+        """Whether every term is a finite number: a NaN or infinite loss term (from a non-finite
+        logprob, say) means the step's gradient cannot be trusted, whatever its norm."""
+        return all(math.isfinite(v) for v in self.as_dict().values())
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "pg": self.pg,
+            "kl": self.kl,
+            "clip_frac": self.clip_frac,
+            "ratio_mean": self.ratio_mean,
+            "mismatch_kl": self.mismatch_kl,
+            "tis_frac": self.tis_frac,
+            "dual_frac": self.dual_frac,
+            "entropy": self.entropy,
+        }

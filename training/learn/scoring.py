@@ -4,7 +4,7 @@ A GRPO group's samples start with the same prompt (system text, tool schemas, th
 question): usually most of every sequence. :class:`SequenceScorer` runs the model over that common
 prefix once and then only each sample's own suffix, attending to the prefix's key/values expanded over
 the batch. The logprobs equal those of a full forward pass over each sequence
-(:func:`~toolgym.training.learn.loss.token_logprobs`) up to float rounding, and so does the gradient.
+(:func:`token_logprobs`) up to float rounding, and so does the gradient.
 
 How the prefix's gradient is exact and memory stays bounded by the micro-batch. With a common prefix
 of ``P`` tokens the scorer runs the model once over the context ``x[:P-1]`` *with* grad, keeping that
@@ -23,7 +23,7 @@ same gradient but run the context's backward once per micro-batch.
 NOTE (positions and padding): suffixes are right-padded; their attention mask is ones over the
 context followed by the suffix's own validity, and their position ids continue from the context's
 length, as in a full right-padded forward pass. Padding positions get garbage logprobs that the loss
-masks out, exactly as in :func:`~toolgym.training.learn.loss.token_logprobs`.
+masks out, exactly as in :func:`token_logprobs`.
 
 Two levels. A step's groups share more than their group: every SearchQA episode starts with the same
 system text, tool schemas and worked example, and only the question differs. A scorer built with
@@ -47,9 +47,8 @@ import torch
 from toolgym.training.learn.batching import common_prefix_length
 from toolgym.training.learn.chosen_logprobs import Hidden, Logits, chosen_logprobs, run_rows
 from toolgym.training.learn.layer_checkpoint import checkpointed_layers, read_only_cache
-from toolgym.training.learn.loss import token_scores
 
-__all__ = ["SequenceScorer"]
+__all__ = ["SequenceScorer", "token_logprobs", "token_scores"]
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +200,7 @@ class SequenceScorer:
     ) -> torch.Tensor:
         """``[B, T]`` logprobs for right-padded ``sequences``: ``[:, t]`` is ``log p(x_t | x_<t)``, ``[:, 0]`` = 0.
 
-        The same values (and gradient) as :func:`~toolgym.training.learn.loss.token_logprobs`, ``T`` being
+        The same values (and gradient) as :func:`token_logprobs`, ``T`` being
         the longest sequence, at every position that ``masks`` marks (every position without
         ``masks``). With a shared prefix, positions no mask marks (prompt, tool output, padding) are
         0.0: the output layer is not run there, which is a large part of a small model's cost. With a
@@ -281,3 +280,47 @@ class SequenceScorer:
         pairs = [(root, g) for root, g in pairs if g is not None]
         if pairs:
             torch.autograd.backward([root for root, _ in pairs], [g for _, g in pairs])
+
+
+def token_logprobs(
+    model: torch.nn.Module, sequences: Sequence[Sequence[int]], *, temperature: float = 1.0, pad_id: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob of each token given its prefix, for right-padded sequences.
+
+    Returns ``(logp, valid)`` of shape ``[B, T]``: ``logp[:, t]`` is ``log p(x_t | x_<t)`` (position 0
+    has no prefix and is 0), ``valid`` marks real (non-pad) positions. Logits are divided by the
+    sampling temperature so the learner scores the same distribution the policy sampled from.
+    """
+    logp, valid, _ = token_scores(model, sequences, temperature=temperature, pad_id=pad_id)
+    return logp, valid
+
+
+def token_scores(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    temperature: float = 1.0,
+    pad_id: int = 0,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`token_logprobs` plus, with ``entropy``, each position's entropy ``[B, T]`` (no grad).
+
+    ``entropy[:, t]`` is the entropy of the distribution that predicted ``x_t`` (0 at position 0).
+    """
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(sequences), length), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        ids[i, : len(seq)] = torch.tensor(list(seq), dtype=torch.long)
+        valid[i, : len(seq)] = 1
+    device = next(model.parameters()).device  # the learner may live on a GPU; results stay there
+    ids, valid = ids.to(device), valid.to(device)
+    # no cache: nothing reads it, and a checkpointed layer's recomputation must not write it twice
+    rows, _ = run_rows(model, None, input_ids=ids, attention_mask=valid, use_cache=False)
+    taken, ent_rows = chosen_logprobs(
+        rows.first(length - 1), ids[:, 1:], temperature=temperature, entropy=entropy
+    )
+    zero = torch.zeros((len(sequences), 1), dtype=taken.dtype, device=device)
+    logp = torch.cat([zero, taken], dim=1)
+    ent = None if ent_rows is None else torch.cat([zero, ent_rows], dim=1)
+    return logp, valid, ent

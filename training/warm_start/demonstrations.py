@@ -43,7 +43,7 @@ from toolgym.errors import ConfigError
 from toolgym.registry import env_reference_rule, make
 from toolgym.run_files import write_atomic
 from toolgym.training.config.sections import WarmStartConfig
-from toolgym.training.learn.loss import check_token_receipt
+from toolgym.training.learn.grpo import check_token_receipt
 from toolgym.training.learn.scoring import SequenceScorer
 
 if TYPE_CHECKING:

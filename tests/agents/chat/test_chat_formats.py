@@ -26,7 +26,7 @@ from toolgym.call_formats import get_call_format
 from toolgym.core import SamplingParams
 from toolgym.errors import ConfigError
 from toolgym.parsing import format_tool_call, parse
-from toolgym.training.learn.loss import check_token_receipt
+from toolgym.training.learn.grpo import check_token_receipt
 
 SAMPLING = SamplingParams(max_tokens=128, temperature=1.0, seed=0)
 #: architecture -> the format ``auto`` must pick for it

@@ -65,7 +65,7 @@ def chat(policy, question: str) -> list[int]:
 def reference_logprobs(model, ids: list[int]) -> list[float]:
     import torch
 
-    from toolgym.training.learn.loss import token_logprobs
+    from toolgym.training.learn.scoring import token_logprobs
 
     with torch.no_grad():
         logp, _ = token_logprobs(model, [ids])
@@ -116,7 +116,7 @@ async def test_sampled_logprobs_are_the_tempered_distribution_and_seeds_replay(p
     ids = list(first.token_ids)
     import torch
 
-    from toolgym.training.learn.loss import token_logprobs
+    from toolgym.training.learn.scoring import token_logprobs
 
     with torch.no_grad():
         logp, _ = token_logprobs(trainer_model, [prompt + ids], temperature=0.7)
@@ -214,7 +214,7 @@ async def test_weight_sync_in_place_matches_the_trainer(policy, trainer_model, e
 
 
 def reference_logprobs_grad(model, ids: list[int]):
-    from toolgym.training.learn.loss import token_logprobs
+    from toolgym.training.learn.scoring import token_logprobs
 
     logp, _ = token_logprobs(model, [ids])
     return logp[0, 1:]

@@ -244,7 +244,7 @@ async def test_a_server_given_by_url_needs_the_key_its_setting_names(server, mon
 async def test_training_pushes_each_step_into_the_server(server, tmp_path: Path) -> None:
     import torch
 
-    from toolgym.training.learn.loss import token_logprobs
+    from toolgym.training.learn.scoring import token_logprobs
     from toolgym.training.trainer import Trainer
 
     toy = str(Path(__file__).resolve().parents[2] / "training")  # toy_env, the Letters environment

@@ -12,18 +12,11 @@ from builders import trajectory
 
 from toolgym.core import Trajectory
 from toolgym.training.learn.advantages import group_advantages, has_variance
-from toolgym.training.learn.batching import (
-    LossSums,
-    Sample,
-    common_prefix_length,
-    micro_batches,
-    pack_batch,
-)
-from toolgym.training.learn.grpo import plan_step
+from toolgym.training.learn.batching import Sample, common_prefix_length, micro_batches, pack_batch
+from toolgym.training.learn.grpo import TokenFidelityError, check_token_receipt, plan_step
 from toolgym.training.learn.loss import (
     LossConfig,
-    TokenFidelityError,
-    check_token_receipt,
+    LossSums,
     clipped_pg_loss,
     k3_kl,
     mismatch_kl,

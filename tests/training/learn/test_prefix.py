@@ -17,8 +17,8 @@ import torch
 from builders import trajectory
 
 from toolgym.training.learn.batching import Sample, micro_batches, pack_batch
-from toolgym.training.learn.loss import clipped_pg_loss, mismatch_kl, token_logprobs
-from toolgym.training.learn.scoring import SequenceScorer
+from toolgym.training.learn.loss import clipped_pg_loss, mismatch_kl
+from toolgym.training.learn.scoring import SequenceScorer, token_logprobs
 from toolgym.training.tiny_policy import tiny_model
 from toolgym.training.trainer import Trainer
 
