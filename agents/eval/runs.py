@@ -49,6 +49,7 @@ __all__ = [
     "TrackComparison",
     "check_resumable",
     "compare_runs",
+    "in_planned_order",
     "load_eval_run",
     "paired_rewards",
     "pooled_comparison",
@@ -284,8 +285,18 @@ def load_eval_run(path: str | Path) -> EvalRun:
     trajectories = {}
     for harness in settings.harnesses:
         file = out / f"{_TRAJECTORY_PREFIX}{harness}.jsonl"
-        trajectories[harness] = _read_episodes(file, repair=False) if file.exists() else []
+        episodes = _read_episodes(file, repair=False) if file.exists() else []
+        trajectories[harness] = in_planned_order(episodes, settings)
     return EvalRun(out, settings, str(record.get("status", "running")), trajectories, read_run_manifest(out))
+
+
+def in_planned_order(episodes: Sequence[Trajectory], settings: EvalSettings) -> list[Trajectory]:
+    """``episodes`` in the evaluation's planned order (episode ``i`` runs ``task_ids[i]`` with
+    ``seeds[i]``), whatever order they finished in: a track's file is written as episodes end, which
+    concurrency makes vary from run to run, and the paired intervals resample pairs in this order, so
+    the same rewards give the same interval. An episode the plan does not name goes last, in file order."""
+    planned = {key: i for i, key in enumerate(zip(settings.task_ids, settings.seeds, strict=False))}
+    return sorted(episodes, key=lambda t: planned.get((t.task_id, t.seed), len(planned)))
 
 
 def check_resumable(out: Path, manifest: Mapping[str, Any], *, resuming: bool) -> None:

@@ -255,3 +255,36 @@ async def test_a_budget_that_ends_every_episode_before_its_first_action_is_refus
         _check_budget({"bare": [episode(True), episode(False), episode(False)]}, 800, recorded=False)
     assert "1 of 3 episodes ended on the token budget before the model's first action" in caplog.text
     assert "took 900 tokens" in caplog.text and "budget of 800" in caplog.text
+
+
+async def test_the_same_rewards_give_the_same_interval_whatever_order_the_episodes_ended_in(tmp_path):
+    """A track's file lists episodes as they end, which concurrency makes vary between runs; loaded,
+    they come back in the evaluation's planned order, so the paired bootstrap (which resamples pairs by
+    position) gives one interval for one set of rewards."""
+    import random
+    import shutil
+
+    def half(transcript: str) -> str:  # right on about half of the questions: rewards that differ
+        question = next(q for q in GOLD if q in transcript.rsplit("<|im_start|>user", 1)[-1])
+        return f"<answer>{GOLD[question] if len(question) % 2 else 'zzzz'}</answer>"
+
+    await run(tmp_path / "a", wrong, label="wrong", n=12)
+    await run(tmp_path / "b", lambda: RulePolicy(half, name="half"), n=12)
+    shutil.copytree(tmp_path / "b", tmp_path / "c")
+    for track in ("bare", "scaffold"):  # the same episodes, ended in another order
+        file = tmp_path / "c" / f"trajectories-{track}.jsonl"
+        lines = file.read_text().splitlines()
+        random.Random(1).shuffle(lines)
+        file.write_text("\n".join(lines) + "\n")
+    b, c = load_eval_run(tmp_path / "b"), load_eval_run(tmp_path / "c")
+    assert (tmp_path / "b" / "trajectories-bare.jsonl").read_text() != (
+        tmp_path / "c" / "trajectories-bare.jsonl"
+    ).read_text()
+    planned = list(zip(b.settings.task_ids, b.settings.seeds, strict=True))
+    assert [(t.task_id, t.seed) for t in c.trajectories["bare"]] == planned
+    a = load_eval_run(tmp_path / "a")
+    ours, theirs = compare_runs(a, b), compare_runs(a, c)
+    rows = [(t.harness, t.diff, t.low, t.high) for t in ours.tracks]
+    assert rows == [(t.harness, t.diff, t.low, t.high) for t in theirs.tracks]
+    assert any(low < high for _, _, low, high in rows), "the rewards differ: the interval has width"
+    assert (ours.pooled.low, ours.pooled.high) == (theirs.pooled.low, theirs.pooled.high)
