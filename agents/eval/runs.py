@@ -295,7 +295,9 @@ def in_planned_order(episodes: Sequence[Trajectory], settings: EvalSettings) -> 
     ``seeds[i]``), whatever order they finished in: a track's file is written as episodes end, which
     concurrency makes vary from run to run, and the paired intervals resample pairs in this order, so
     the same rewards give the same interval. An episode the plan does not name goes last, in file order."""
-    planned = {key: i for i, key in enumerate(zip(settings.task_ids, settings.seeds, strict=False))}
+    planned: dict[tuple[str, int | None], int] = {
+        key: i for i, key in enumerate(zip(settings.task_ids, settings.seeds, strict=False))
+    }
     return sorted(episodes, key=lambda t: planned.get((t.task_id, t.seed), len(planned)))
 
 

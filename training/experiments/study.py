@@ -9,7 +9,10 @@ holds result files (:mod:`toolgym.agents.eval.results`) and ``study.json``, whic
               {"name": "trained", "result": "demo.json", "evaluation": "trained"}]}
 
 ``result`` is relative to the folder (a result file, or a folder holding ``result.json``);
-``evaluation`` picks one of its evaluations (default: the file's own, ``trained`` for a run). :func:`study_table` pairs every row with the baseline row on the
+``evaluation`` picks one of its evaluations (default: the file's own, ``trained`` for a run). A row
+with ``results`` (a list of such files) in place of ``result`` is their mean (:func:`mean_evaluation`:
+one arm run with several seeds, each episode's reward and tool-use measures averaged over them), so
+the table pairs the seed-averaged arm with the baseline task by task. :func:`study_table` pairs every row with the baseline row on the
 same held-out tasks, as the arms table does (:func:`~toolgym.training.experiments.arms_results.compare_arms`:
 paired bootstrap per track and pooled, Holm-adjusted p, Bonferroni-widened intervals), refusing a
 study with a row's result missing (never a partial table), results of other tasks, seeds, tracks or
@@ -23,6 +26,7 @@ rebuilds the shipped document and compares).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -30,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.eval.results import RESULT_FILE, load_evaluation
-from toolgym.agents.eval.runs import EvalRun
+from toolgym.agents.eval.runs import COMPARE_FIELDS, EvalRun, settings_differences
+from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
+from toolgym.records.manifest import manifest_differences
 from toolgym.run_files import write_atomic
 from toolgym.training.experiments.arms_results import compare_arms, markdown_table
 
-__all__ = ["STUDY_FILE", "build_document", "load_study", "study_table", "write_study"]
+__all__ = ["STUDY_FILE", "build_document", "load_study", "mean_evaluation", "study_table", "write_study"]
 
 STUDY_FILE = "study.json"
 FORMAT = 1
@@ -75,7 +81,14 @@ def load_study(folder: str | Path) -> tuple[dict[str, Any], dict[str, EvalRun]]:
     folder = Path(folder)
     try:
         study = json.loads((folder / STUDY_FILE).read_text(encoding="utf-8"))
-        rows = [(str(r["name"]), str(r["result"]), r.get("evaluation")) for r in study["rows"]]
+        rows = [
+            (
+                str(r["name"]),
+                [str(f) for f in r["results"]] if "results" in r else [str(r["result"])],
+                r.get("evaluation"),
+            )
+            for r in study["rows"]
+        ]
         baseline = str(study["baseline"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ConfigError(f"{folder} is not a study folder ({STUDY_FILE}: {exc})") from None
@@ -83,18 +96,75 @@ def load_study(folder: str | Path) -> tuple[dict[str, Any], dict[str, EvalRun]]:
     if baseline not in names:
         raise ConfigError(f"{folder / STUDY_FILE}: the baseline {baseline!r} is not one of its rows {names}")
     missing = [
-        f"{name} ({result})" for name, result, _ in rows if not _result_path(folder / result).is_file()
+        f"{name} ({result})"
+        for name, results, _ in rows
+        for result in results
+        if not _result_path(folder / result).is_file()
     ]
     if missing:
         raise ConfigError(
             f"{folder}: the result of {len(missing)} of {len(rows)} rows is missing: {', '.join(missing)}; "
             "a table without them would be partial. Fix: run those arms (or copy their result.json here)"
         )
-    runs = {
-        name: load_evaluation(f"{folder / result}#{evaluation}" if evaluation else folder / result)
-        for name, result, evaluation in rows
-    }
+    runs = {}
+    for name, results, evaluation in rows:
+        loaded = [
+            load_evaluation(f"{folder / result}#{evaluation}" if evaluation else folder / result)
+            for result in results
+        ]
+        runs[name] = (
+            loaded[0] if len(loaded) == 1 else mean_evaluation(loaded, f"{folder / STUDY_FILE}: {name}")
+        )
     return study, runs
+
+
+def mean_evaluation(runs: Sequence[EvalRun], label: str) -> EvalRun:
+    """The mean of evaluations of the same episodes (one arm trained with several seeds, say): each
+    ``(track, task, seed)`` episode of the first run with its reward, and each measure all runs have,
+    averaged over the runs; an episode any run lost to an ``infra_error`` stays one (left out of pairs).
+
+    Raises:
+        ConfigError: no runs, or runs of other episodes (environment, tracks, tasks, seeds) or of another
+            environment state (named, with ``label``).
+    """
+    if not runs:
+        raise ConfigError(f"{label}: a mean of no evaluations")
+    first = runs[0]
+    for other in runs[1:]:
+        why = settings_differences(first.settings, other.settings, COMPARE_FIELDS)
+        if manifest_differences(
+            {"env": (first.manifest or {}).get("env")}, {"env": (other.manifest or {}).get("env")}
+        ):
+            why.append("environment state")
+        if why:
+            raise ConfigError(
+                f"{label}: {other.label} cannot be averaged with {first.label}: their episodes differ in "
+                f"{'; '.join(why)}"
+            )
+    tracks: dict[str, list[Trajectory]] = {}
+    for harness, episodes in first.trajectories.items():
+        by_run = [{(t.task_id, t.seed): t for t in run.trajectories.get(harness, [])} for run in runs]
+        mean = []
+        for t in episodes:
+            same = [episodes_of.get((t.task_id, t.seed)) for episodes_of in by_run]
+            if any(u is None for u in same):
+                raise ConfigError(
+                    f"{label}: episode {t.task_id} (seed {t.seed}, {harness}) is missing from a run"
+                )
+            kept = [u for u in same if u is not None]
+            if any(u.status == "infra_error" for u in kept):
+                mean.append(dataclasses.replace(t, status="infra_error"))
+                continue
+            keys = set.intersection(*(set(u.metrics) for u in kept))
+            mean.append(
+                dataclasses.replace(
+                    t,
+                    reward=sum(u.reward for u in kept) / len(kept),
+                    metrics={k: sum(float(u.metrics[k]) for u in kept) / len(kept) for k in sorted(keys)},
+                )
+            )
+        tracks[harness] = mean
+    return dataclasses.replace(first, path=None, trajectories=tracks)
 
 
 def _result_path(path: Path) -> Path:

@@ -70,3 +70,41 @@ def test_a_study_with_an_edited_file_is_refused(tmp_path: Path) -> None:
         study_table(tmp_path / "demo")
     with pytest.raises(ConfigError, match="edited by hand"):
         load_evaluation(f"{path}#trained")
+
+
+def test_a_row_of_several_results_is_their_mean_episode_by_episode(tmp_path: Path) -> None:
+    """``results`` in place of ``result``: the row is the arm averaged over its seeds, each episode's
+    reward and measures the mean over the files, paired with the baseline task by task; files of other
+    episodes are refused, naming how they differ."""
+    folder = tmp_path / "seeds"
+    folder.mkdir()
+    hard = RESULTS / "hard-search"
+    one, two = hard / "f1-lr3e-5-3-steps.json", hard / "f1-lr3e-5.json"
+    rows = [
+        {"name": "control", "result": str(RESULTS / "hard" / "hard.json"), "evaluation": "control"},
+        {"name": "mean", "results": [str(one), str(two)], "evaluation": "trained"},
+    ]
+    (folder / "study.json").write_text(json.dumps({"format": 1, "baseline": "control", "rows": rows}))
+    _, runs = load_study(folder)
+    a, b = load_evaluation(f"{one}#trained"), load_evaluation(f"{two}#trained")
+    for track in a.settings.harnesses:
+        others = {(t.task_id, t.seed): t for t in b.trajectories[track]}
+        for mean, x in zip(runs["mean"].trajectories[track], a.trajectories[track], strict=True):
+            y = others[(x.task_id, x.seed)]
+            assert (mean.task_id, mean.seed) == (x.task_id, x.seed)
+            assert mean.reward == pytest.approx((x.reward + y.reward) / 2)
+            assert mean.metrics["use/searched"] == pytest.approx(
+                (x.metrics["use/searched"] + y.metrics["use/searched"]) / 2
+            )
+    assert any(
+        x.reward != y.reward for x, y in zip(a.trajectories["bare"], b.trajectories["bare"], strict=True)
+    )
+    pooled = re.search(r"^\| mean \|.*$", study_table(folder), re.M)
+    assert pooled is not None
+    means = [sum(t.reward for t in r.trajectories[k]) / 122 for r in (a, b) for k in ("bare", "scaffold")]
+    assert f"| {sum(means) / 4:.3f} |" in pooled.group(0), "the pooled mean of the two arms' four tracks"
+
+    rows[1]["results"] = [str(one), str(RESULTS / "demo" / "demo.json")]
+    (folder / "study.json").write_text(json.dumps({"format": 1, "baseline": "control", "rows": rows}))
+    with pytest.raises(ConfigError, match=r"cannot be averaged .*task_ids"):
+        load_study(folder)
