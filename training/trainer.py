@@ -517,14 +517,8 @@ class Trainer:
                     plan,
                     config=self.config,
                     step=self.step + 1,
-                    settings=StepSettings(
-                        loss=tc.loss,
-                        micro_batch=tc.batching.micro_batch,
-                        micro_batch_tokens=tc.batching.micro_batch_tokens,
-                        temperature=self.config.sampling.temperature,
-                        share_prefix=tc.batching.share_prefix,
-                        checkpoint_layers=tc.batching.checkpoint_layers,
-                        reference=self.reference,
+                    settings=StepSettings.of(
+                        tc, temperature=self.config.sampling.temperature, reference=self.reference
                     ),
                 )
             except torch.OutOfMemoryError as exc:

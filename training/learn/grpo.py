@@ -26,6 +26,7 @@ import torch
 
 from toolgym.core import Trajectory, sampled_ids_hash
 from toolgym.errors import ToolgymError
+from toolgym.training.config.train import TrainConfig
 from toolgym.training.learn.advantages import group_advantages, has_variance
 from toolgym.training.learn.batching import Sample, micro_batches, pack_batch
 from toolgym.training.learn.loss import (
@@ -185,6 +186,22 @@ class StepSettings:
     share_across_groups: bool = True
     checkpoint_layers: bool = False
     reference: torch.nn.Module | None = None
+
+    @classmethod
+    def of(
+        cls, train: TrainConfig, *, temperature: float, reference: torch.nn.Module | None = None
+    ) -> StepSettings:
+        """A run's settings: ``[train.loss]`` and ``[train.batching]``, at the sampling ``temperature``."""
+        batching = train.batching
+        return cls(
+            loss=train.loss,
+            micro_batch=batching.micro_batch,
+            temperature=temperature,
+            micro_batch_tokens=batching.micro_batch_tokens,
+            share_prefix=batching.share_prefix,
+            checkpoint_layers=batching.checkpoint_layers,
+            reference=reference,
+        )
 
 
 def accumulate_gradients(

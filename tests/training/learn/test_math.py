@@ -375,3 +375,29 @@ def test_a_step_budget_below_the_groups_per_step_is_refused() -> None:
         load_config(None, ["train.dynamic_sampling=true", "train.tasks_per_step=4"]).train.group_budget == 12
     )
     assert load_config(None, ["train.tasks_per_step=4"]).train.group_budget == 4
+
+
+def test_a_runs_step_settings_are_its_loss_and_batching_tables_at_the_sampling_temperature() -> None:
+    from toolgym.training.config import load_config
+    from toolgym.training.learn.grpo import StepSettings
+
+    config = load_config(
+        None,
+        [
+            "train.batching.micro_batch=3",
+            "train.batching.micro_batch_tokens=4096",
+            "train.batching.share_prefix=false",
+            "train.batching.checkpoint_layers=true",
+            "train.loss.clip_high=0.3",
+        ],
+    )
+    reference = torch.nn.Linear(1, 1)
+    settings = StepSettings.of(config.train, temperature=0.7, reference=reference)
+    assert (settings.micro_batch, settings.micro_batch_tokens, settings.temperature) == (3, 4096, 0.7)
+    assert (settings.share_prefix, settings.checkpoint_layers, settings.share_across_groups) == (
+        False,
+        True,
+        True,
+    )
+    assert settings.loss == config.train.loss and settings.loss.clip_high == 0.3
+    assert settings.reference is reference
