@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import json
 import logging
 import time
@@ -51,7 +50,6 @@ from typing import Any, cast
 import torch
 
 from toolgym.agents.eval.evaluate import left_out_warning
-from toolgym.agents.harness import get_harness
 from toolgym.agents.policies.vllm_log import ENGINE_LOG
 from toolgym.core import SamplingParams, ServedPolicy, TrainablePolicy
 from toolgym.errors import CheckpointError, ConfigError
@@ -82,8 +80,7 @@ from toolgym.training.policy_build import Closable, build_policy, learner_model,
 from toolgym.training.policy_handle import PolicyHandle
 from toolgym.training.progress import RunProgress
 from toolgym.training.sampling.collect import StepCollector
-from toolgym.training.sampling.curriculum import ToolCurriculum
-from toolgym.training.sampling.mixture import MixtureSampler, mixture_metrics, observe_curricula, probe_env
+from toolgym.training.sampling.mixture import MixtureSampler, RunEnvs, mixture_metrics, observe_curricula
 from toolgym.training.sampling.reward_control import shuffled_references
 from toolgym.training.sampling.task_filter import PassRateFilter, task_pool
 from toolgym.training.sampling.workers import EnvRoute, Group, RolloutWorkers, env_factory
@@ -159,29 +156,10 @@ class Trainer:
         if tc.loss.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.memory = self._estimate_memory()
-        # One curriculum, harness and task list per environment ([[env]] tables; one for a plain [env]).
-        self.env_names = [env.name for env in config.envs]
-        self.harnesses = [get_harness(env.harness) for env in config.envs]
-        self.curricula = [
-            ToolCurriculum(
-                dataclasses.replace(config.curriculum, stages=env.stages or config.curriculum.stages)
-            )
-            for env in config.envs
-        ]
+        envs = RunEnvs.of(config)  # one curriculum, harness and task list per environment
+        self.env_names, self.harnesses, self.curricula = envs.names, envs.harnesses, envs.curricula
+        self.env_task_ids, self.task_ids, self.env_fingerprint = envs.by_env, envs.task_ids, envs.fingerprint
         self.curriculum, self.harness = self.curricula[0], self.harnesses[0]
-        probes = [probe_env(e.id, e.kwargs, e.task_ids, e.task_limit) for e in config.envs]
-        self.env_task_ids = [ids for ids, _ in probes]
-        if config.is_mixture:
-            self.task_ids = [
-                f"{n}:{t}" for n, ids in zip(self.env_names, self.env_task_ids, strict=True) for t in ids
-            ]
-            self.env_fingerprint: dict[str, Any] = {
-                "id": "mixture",
-                "envs": {n: fp for n, (_, fp) in zip(self.env_names, probes, strict=True)},  # dotted diffs
-                "weights": {e.name: e.weight for e in config.envs},
-            }
-        else:
-            self.task_ids, self.env_fingerprint = self.env_task_ids[0], probes[0][1]
         self.sampler = MixtureSampler(
             self.env_task_ids,
             [e.weight for e in config.envs],

@@ -21,26 +21,34 @@ therefore a function of the seed and the observed rewards, and a resumed run (wh
 the per-environment history) draws exactly the groups the uninterrupted run drew. Within an
 environment the task is drawn uniformly (with replacement, seeded by ``(seed, g)``); a single
 environment keeps :class:`~toolgym.training.sampling.workers.GroupSampler`'s epoch order.
+
+:class:`RunEnvs` is what the trainer builds from the config, one environment or several: names,
+harnesses, curricula, task ids and the fingerprint a resume is checked against.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from toolgym.core import TaskToolEnv, Trajectory
+from toolgym.agents.harness import get_harness
+from toolgym.core import Harness, TaskToolEnv, Trajectory
 from toolgym.errors import ConfigError
 from toolgym.records.manifest import env_fingerprint
+from toolgym.training.config.run import RunConfig
 from toolgym.training.config.sections import MixtureConfig
 from toolgym.training.sampling.curriculum import ToolCurriculum
 from toolgym.training.sampling.workers import GroupSampler, make_env
 
 __all__ = [
     "MixtureSampler",
+    "RunEnvs",
     "env_metrics",
     "mixture_metrics",
     "observe_curricula",
@@ -217,3 +225,42 @@ def probe_env(
     finally:
         probe.close()
     return list(task_ids) or (all_ids[:task_limit] if task_limit else all_ids), fingerprint
+
+
+@dataclass(frozen=True)
+class RunEnvs:
+    """A run's environments as its trainer samples them: for each (the ``[[env]]`` tables, or the one
+    ``[env]``) its name, harness, tool curriculum and training task ids; and the run's task ids (a
+    mixture's each prefixed with its environment's name) and environment fingerprint (a mixture's holds
+    every environment's, by name, and their weights)."""
+
+    names: list[str]
+    harnesses: list[Harness]
+    curricula: list[ToolCurriculum]
+    by_env: list[list[str]]
+    task_ids: list[str]
+    fingerprint: dict[str, Any]
+
+    @classmethod
+    def of(cls, config: RunConfig) -> RunEnvs:
+        """Probe each environment of ``config`` once (see :func:`probe_env`)."""
+        names = [env.name for env in config.envs]
+        harnesses = [get_harness(env.harness) for env in config.envs]
+        curricula = [
+            ToolCurriculum(
+                dataclasses.replace(config.curriculum, stages=env.stages or config.curriculum.stages)
+            )
+            for env in config.envs
+        ]
+        probes = [probe_env(e.id, e.kwargs, e.task_ids, e.task_limit) for e in config.envs]
+        by_env = [ids for ids, _ in probes]
+        if not config.is_mixture:
+            task_ids, fingerprint = by_env[0], probes[0][1]
+        else:
+            task_ids = [f"{n}:{t}" for n, ids in zip(names, by_env, strict=True) for t in ids]
+            fingerprint = {
+                "id": "mixture",
+                "envs": {n: fp for n, (_, fp) in zip(names, probes, strict=True)},  # dotted diffs
+                "weights": {e.name: e.weight for e in config.envs},
+            }
+        return cls(names, harnesses, curricula, by_env, task_ids, fingerprint)
