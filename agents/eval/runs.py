@@ -48,6 +48,7 @@ __all__ = [
     "EvalSettings",
     "TrackComparison",
     "check_resumable",
+    "check_same_episodes",
     "compare_runs",
     "in_planned_order",
     "load_eval_run",
@@ -388,6 +389,31 @@ def compare_runs(a: EvalRun, b: EvalRun, *, seed: int = 0, allow: Sequence[str] 
             episodes (settings or manifest task fields); the message lists every field that differs.
     """
 
+    check_same_episodes(a, b, allow)
+    tracks = []
+    for harness in a.settings.harnesses:
+        ra, rb, dropped = paired_rewards(a.trajectories[harness], b.trajectories[harness])
+        if not ra:
+            raise ConfigError(
+                f"track {harness}: no episode pair where both runs were scored (all infra errors)"
+            )
+        mean, low, high = paired_bootstrap(ra, rb, seed=seed)
+        tracks.append(
+            TrackComparison(harness, len(ra), sum(ra) / len(ra), sum(rb) / len(rb), mean, low, high, dropped)
+        )
+    notes = settings_differences(a.settings, b.settings, ("policy", "sampling", "max_total_tokens"))
+    pooled = pooled_comparison(a, b, seed=seed) if len(a.settings.harnesses) > 1 else None
+    return Comparison(a.label, b.label, tracks, notes, pooled, tool_use_comparisons(a, b, seed=seed))
+
+
+def check_same_episodes(a: EvalRun, b: EvalRun, allow: Sequence[str] = ()) -> None:
+    """Refuse two evaluations that are not complete runs of the same episodes: the same environment,
+    tracks, tasks and seeds (arguments at their defaults aside) and the same manifest task fields
+    (``allow``: as :func:`compare_runs` takes it).
+
+    Raises:
+        ConfigError: a run is incomplete or has no manifest, or a field differs (every one named).
+    """
     for run in (a, b):
         if run.status != "complete":
             n = sum(len(v) for v in run.trajectories.values())
@@ -403,20 +429,6 @@ def compare_runs(a: EvalRun, b: EvalRun, *, seed: int = 0, allow: Sequence[str] 
             "Fix: evaluate both with the same --env, --env-arg, --harness, --n and --seed"
         )
     _check_manifests(a, b, allow)
-    tracks = []
-    for harness in a.settings.harnesses:
-        ra, rb, dropped = paired_rewards(a.trajectories[harness], b.trajectories[harness])
-        if not ra:
-            raise ConfigError(
-                f"track {harness}: no episode pair where both runs were scored (all infra errors)"
-            )
-        mean, low, high = paired_bootstrap(ra, rb, seed=seed)
-        tracks.append(
-            TrackComparison(harness, len(ra), sum(ra) / len(ra), sum(rb) / len(rb), mean, low, high, dropped)
-        )
-    notes = settings_differences(a.settings, b.settings, ("policy", "sampling", "max_total_tokens"))
-    pooled = pooled_comparison(a, b, seed=seed) if len(a.settings.harnesses) > 1 else None
-    return Comparison(a.label, b.label, tracks, notes, pooled, tool_use_comparisons(a, b, seed=seed))
 
 
 def tool_use_comparisons(a: EvalRun, b: EvalRun, *, seed: int = 0) -> list[MeasureComparison]:

@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.eval.results import RESULT_FILE, load_evaluation
-from toolgym.agents.eval.runs import COMPARE_FIELDS, EvalRun, settings_differences
+from toolgym.agents.eval.runs import EvalRun, check_same_episodes
 from toolgym.core import Trajectory
 from toolgym.errors import ConfigError
-from toolgym.records.manifest import manifest_differences
 from toolgym.run_files import write_atomic
 from toolgym.training.experiments.arms_results import compare_arms, markdown_table
 
@@ -124,23 +123,19 @@ def mean_evaluation(runs: Sequence[EvalRun], label: str) -> EvalRun:
     averaged over the runs; an episode any run lost to an ``infra_error`` stays one (left out of pairs).
 
     Raises:
-        ConfigError: no runs, or runs of other episodes (environment, tracks, tasks, seeds) or of another
-            environment state (named, with ``label``).
+        ConfigError: no runs, or runs that :func:`~toolgym.agents.eval.runs.check_same_episodes` refuses
+            (incomplete, or of other episodes or another environment state; named, with ``label``).
     """
     if not runs:
         raise ConfigError(f"{label}: a mean of no evaluations")
     first = runs[0]
     for other in runs[1:]:
-        why = settings_differences(first.settings, other.settings, COMPARE_FIELDS)
-        if manifest_differences(
-            {"env": (first.manifest or {}).get("env")}, {"env": (other.manifest or {}).get("env")}
-        ):
-            why.append("environment state")
-        if why:
+        try:
+            check_same_episodes(first, other)
+        except ConfigError as exc:
             raise ConfigError(
-                f"{label}: {other.label} cannot be averaged with {first.label}: their episodes differ in "
-                f"{'; '.join(why)}"
-            )
+                f"{label}: {other.label} cannot be averaged with {first.label}: {exc}"
+            ) from None
     tracks: dict[str, list[Trajectory]] = {}
     for harness, episodes in first.trajectories.items():
         by_run = [{(t.task_id, t.seed): t for t in run.trajectories.get(harness, [])} for run in runs]
