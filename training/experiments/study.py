@@ -83,7 +83,7 @@ def load_study(folder: str | Path) -> tuple[dict[str, Any], dict[str, EvalRun]]:
         rows = [
             (
                 str(r["name"]),
-                [str(f) for f in r["results"]] if "results" in r else [str(r["result"])],
+                _row_results(r),
                 r.get("evaluation"),
             )
             for r in study["rows"]
@@ -115,6 +115,18 @@ def load_study(folder: str | Path) -> tuple[dict[str, Any], dict[str, EvalRun]]:
             loaded[0] if len(loaded) == 1 else mean_evaluation(loaded, f"{folder / STUDY_FILE}: {name}")
         )
     return study, runs
+
+
+def _row_results(row: dict[str, Any]) -> list[str]:
+    """A row's result files: ``results`` (a non-empty list, whose evaluations are averaged) or ``result``."""
+    if "results" not in row:
+        return [str(row["result"])]
+    results = row["results"]
+    if not isinstance(results, list) or not results or not all(isinstance(f, str) for f in results):
+        raise TypeError(
+            f"row {row.get('name')!r}: results must be a non-empty list of files, not {results!r}"
+        )
+    return results
 
 
 def mean_evaluation(runs: Sequence[EvalRun], label: str) -> EvalRun:

@@ -108,3 +108,7 @@ def test_a_row_of_several_results_is_their_mean_episode_by_episode(tmp_path: Pat
     (folder / "study.json").write_text(json.dumps({"format": 1, "baseline": "control", "rows": rows}))
     with pytest.raises(ConfigError, match=r"cannot be averaged .*task_ids"):
         load_study(folder)
+    rows[1]["results"] = str(one)  # one file as a string, not a list: refused, never read letter by letter
+    (folder / "study.json").write_text(json.dumps({"format": 1, "baseline": "control", "rows": rows}))
+    with pytest.raises(ConfigError, match=r"not a study folder .*'mean': results must be a non-empty list"):
+        load_study(folder)
