@@ -106,7 +106,8 @@ def test_cli_module_lists_the_environments():
 def test_gpu_smoke_runs_its_transformers_path_on_cpu_from_a_packed_model_shape(tmp_path: Path):
     """The GPU recipe's dry run: gpu_pack.sh writes the embedded model's shape (no weights; the wheels
     need a package index, so not here), gpu_smoke.sh builds a random model of it and runs the demo's
-    transformers path (warm start, GRPO, held-out) on CPU, shrunk, and prints its figures."""
+    transformers path (warm start, GRPO, held-out) on CPU, shrunk (2 decoder layers, few tokens), and
+    prints its figures."""
     env = dict(
         os.environ,
         TOOLGYM_SMOKE_PACK=str(tmp_path / "pack"),
@@ -121,6 +122,11 @@ def test_gpu_smoke_runs_its_transformers_path_on_cpu_from_a_packed_model_shape(t
     shape = tmp_path / "pack" / "model-shape"
     assert (shape / "config.json").is_file() and (shape / "tokenizer.json").is_file()
     assert not list(shape.glob("*.safetensors")), "the shape travels without the weights"
+    config = json.loads((shape / "config.json").read_text())
+    assert config["num_hidden_layers"] == 30, config  # SmolLM2-135M's 30 decoder layers
+    # the packed shape cut to 2 of its 30 decoder layers: the recipe runs the same code on the same
+    # architecture, at a fraction of the CPU time (a random model's tokens mean nothing either way)
+    (shape / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
     out_dir = tmp_path / "run"
     shrink = [
         "warm_start.tasks=2",

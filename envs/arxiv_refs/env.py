@@ -25,6 +25,7 @@ from toolgym.splits import check_split, select_split
 from toolgym.tool_use import ToolUse, search_measures
 from toolgym.tools.papers.collection import Collection, PaperRecord
 from toolgym.tools.papers.corpus import default_corpus_path
+from toolgym.tools.search.index import cache_dir
 from toolgym.tools.search.retriever import RetrieverSettings, open_retriever
 
 __all__ = ["EXCERPT_CHARS", "MAX_K", "ArxivRefsEnv"]
@@ -43,7 +44,7 @@ class _Shared:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-_SHARED: dict[Any, _Shared] = {}
+_SHARED: dict[tuple[str, Any], _Shared] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -56,18 +57,21 @@ def _shared(
     threshold: float,
     unlinked: str = "mark",
 ) -> _Shared:
-    """One environment's data per configuration per process, from its on-disk cache
-    (:mod:`toolgym.envs.arxiv_refs.cache`: built there on first use, keyed by the inputs' content)."""
+    """One environment's data per configuration and cache directory per process, from its on-disk cache
+    (:mod:`toolgym.envs.arxiv_refs.cache`: built there on first use, keyed by the inputs' content). A
+    process that moves ``TOOLGYM_CACHE`` gets the data of the new place, never an index whose files
+    lived in the old one (and may be gone)."""
     settings = CacheSettings(rule, date_filter, threshold, unlinked, backend)
-    key = cache_key(corpus, collection_path, settings)
+    root = str(cache_dir())
+    key = (root, cache_key(corpus, collection_path, settings))
     with _SHARED_LOCK:
         if key in _SHARED:
             return _SHARED[key]
         derived = load_or_build(corpus, collection_path, settings)  # its key: the files as read now
-        if derived.key not in _SHARED:
+        if (root, derived.key) not in _SHARED:
             shared = _Shared(derived.collection, derived.tasks, derived.stats, derived.banned, derived.index)
-            _SHARED[derived.key] = shared
-        return _SHARED[derived.key]
+            _SHARED[(root, derived.key)] = shared
+        return _SHARED[(root, derived.key)]
 
 
 _RETRIEVERS: dict[tuple[int, RetrieverSettings], Any] = {}

@@ -149,15 +149,18 @@ def load_corpus(path: str | Path) -> list[dict[str, str]]:
     return docs
 
 
-_INDEXES: dict[tuple[str, RetrieverSettings], Any] = {}
+_INDEXES: dict[tuple[str, str, RetrieverSettings], Any] = {}
 _INDEX_LOCK = threading.Lock()
 
 
 def shared_index(key: str, settings: RetrieverSettings, docs_factory: Any) -> Any:
-    """One index per (corpus, retriever settings) per process; the index layer caches it on disk."""
+    """One index per (corpus, retriever settings, cache directory) per process; the index layer caches
+    it on disk (a process that moves ``TOOLGYM_CACHE`` never reads an index from the old place)."""
+    from toolgym.tools.search.index import cache_dir
     from toolgym.tools.search.retriever import open_retriever
 
+    where = (key, str(cache_dir()), settings)
     with _INDEX_LOCK:
-        if (key, settings) not in _INDEXES:
-            _INDEXES[(key, settings)] = open_retriever(docs_factory, settings)
-        return _INDEXES[(key, settings)]
+        if where not in _INDEXES:
+            _INDEXES[where] = open_retriever(docs_factory, settings)
+        return _INDEXES[where]

@@ -273,6 +273,18 @@ def test_environments_of_one_process_share_one_copy(cache, files):
     assert c._shared is not a._shared
 
 
+def test_another_cache_directory_gets_its_own_copy(cache, files, tmp_path, monkeypatch):
+    """A process that moves TOOLGYM_CACHE reads the new place: an index whose files lived in the old one
+    may be gone (a test's temporary directory, a cleared cache)."""
+    corpus, records = files
+    a = ArxivRefsEnv(corpus, collection=records)
+    monkeypatch.setenv("TOOLGYM_CACHE", str(tmp_path / "elsewhere"))
+    b = ArxivRefsEnv(corpus, collection=records)
+    assert b._shared is not a._shared and (tmp_path / "elsewhere" / "index").is_dir()
+    monkeypatch.setenv("TOOLGYM_CACHE", str(cache.parent))
+    assert ArxivRefsEnv(corpus, collection=records)._shared is a._shared
+
+
 @pytest.mark.parametrize("how", ["writable by others", "another user's"])
 def test_an_entry_someone_else_could_have_edited_is_not_trusted_and_is_rebuilt(cache, files, caplog, how):
     """The manifest is only a checksum (an editor of the gold answers can recompute it): an entry is
