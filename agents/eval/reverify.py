@@ -48,7 +48,7 @@ from toolgym.parsing import HERMES
 from toolgym.registry import is_remote_id, make
 from toolgym.run_files import write_atomic
 
-__all__ = ["Replay", "ReverifyReport", "SourceReport", "replay", "reverify_run"]
+__all__ = ["Replay", "ReverifyReport", "SourceReport", "refuse_stored_import", "replay", "reverify_run"]
 
 RESULT = "reverify.json"
 #: rewards closer than this are the same reward (float rounding in a metric)
@@ -240,17 +240,21 @@ def _reverify_source(
 
 
 def _refuse_imports(sources: Sequence[tuple[str, str, dict[str, Any], list[Trajectory]]]) -> None:
-    """Refuse every stored ``module:id`` environment id (its module would be imported: code chosen by a
-    file); the flag that allows it is named."""
     for name, env_id, _, _ in sources:
-        module = env_id.rpartition(":")[0]
-        if module and not is_remote_id(env_id):
-            raise ConfigError(
-                f"{name} names the environment {env_id!r}: rebuilding it imports the module {module!r}, which "
-                "runs its code, and the name comes from a stored file that anyone who could write the run "
-                "directory may have chosen. Nothing was imported. If you trust this run directory and that "
-                "module, pass --allow-import (reverify_run(..., allow_import=True))"
-            )
+        refuse_stored_import(name, env_id, "reverify_run(..., allow_import=True)")
+
+
+def refuse_stored_import(name: str, env_id: str, allow: str) -> None:
+    """Refuse a stored ``module:id`` environment id (its module would be imported: code chosen by a
+    file); the flag that allows it is named (``--allow-import``, or ``allow`` from Python)."""
+    module = env_id.rpartition(":")[0]
+    if module and not is_remote_id(env_id):
+        raise ConfigError(
+            f"{name} names the environment {env_id!r}: rebuilding it imports the module {module!r}, which "
+            "runs its code, and the name comes from a stored file that anyone who could write the run "
+            "directory may have chosen. Nothing was imported. If you trust this run directory and that "
+            f"module, pass --allow-import ({allow})"
+        )
 
 
 def reverify_run(

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TypeAlias
 
+from toolgym.cli.credit_command import add_credit_command
 from toolgym.cli.eval_commands import (
     cmd_audit_env,
     cmd_compare,
@@ -83,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     _report_parser(sub)
     add_results_commands(sub)
     _reverify_parser(sub)
+    add_credit_command(sub)
     _audit_env_parser(sub)
     _new_env_parser(sub)
     return parser
