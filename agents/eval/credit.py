@@ -178,6 +178,21 @@ class CreditReport:
             "left_out": self.left_out,
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CreditReport:
+        """A report read back from its JSON form (:meth:`to_json`; ``credit.json``)."""
+        fields = CallCredit.__dataclass_fields__
+        return cls(
+            data["source"],
+            data["env_id"],
+            data["policy"],
+            [CallCredit(**{k: v for k, v in c.items() if k in fields}) for c in data["calls"]],
+            list(data.get("not_replayable", [])),
+            int(data.get("infra_errors", 0)),
+            int(data.get("episodes", 0)),
+            int(data.get("left_out", 0)),
+        )
+
     def table(self) -> str:
         """The summary as a Markdown table (one row per group)."""
         summary = self.summary()

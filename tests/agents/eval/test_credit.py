@@ -212,3 +212,19 @@ def test_toolgym_credit_on_an_evaluation_of_searchqa(tmp_path: Path, capsys) -> 
         assert c["reward_with"] == pytest.approx(stored[c["task_id"]]["reward"])  # greedy: the stored episode
         assert c["credit"] == pytest.approx(c["reward_with"])
     assert main(["credit", str(out), "--calls", "0"]) == 2  # a budget below 1 is refused
+
+
+def test_the_shipped_credit_file_gives_the_table_results_md_shows() -> None:
+    """training/results/demo/credit-bare.json (toolgym credit on the demo's held-out bare track): read
+    back, its rows are RESULTS.md's, and every credit is its two rewards' difference."""
+    root = Path(__file__).resolve().parents[3] / "training"
+    data = json.loads((root / "results" / "demo" / "credit-bare.json").read_text())
+    report = CreditReport.from_json(data)
+    assert report.summary() == data["summary"] and len(report.calls) == 99
+    assert all(c["credit"] == pytest.approx(c["reward_with"] - c["reward_without"]) for c in data["calls"])
+    document = (root / "RESULTS.md").read_text()
+    rows = report.table().splitlines()[2:]
+    assert rows[0].replace("| all calls |", "| all calls (search, turn 1) |") in document
+    for row in rows:
+        if row.startswith("| answer"):
+            assert row in document
