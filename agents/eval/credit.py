@@ -47,6 +47,7 @@ __all__ = [
     "CallCredit",
     "CreditReport",
     "ForcedTurns",
+    "NotReplayable",
     "ReplacedResult",
     "credit_episode",
     "credit_run",

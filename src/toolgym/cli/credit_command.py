@@ -46,9 +46,17 @@ def add_credit_command(sub: Any) -> None:
 def _evaluation(source: Path) -> Path:
     """``source`` itself when it is an evaluation, else a training run's ``heldout/trained``."""
     from toolgym.agents.eval.runs import RECORD
+    from toolgym.errors import ConfigError
 
     trained = source / "heldout" / "trained"
-    return trained if not (source / RECORD).is_file() and trained.is_dir() else source
+    if (source / RECORD).is_file():
+        return source
+    if (trained / RECORD).is_file():
+        return trained
+    raise ConfigError(
+        f"{source} is neither an evaluation ({RECORD}: `toolgym eval --out`) nor a training run with a "
+        f"held-out evaluation ({trained / RECORD})"
+    )
 
 
 def cmd_credit(args: argparse.Namespace) -> int:

@@ -212,6 +212,8 @@ def test_toolgym_credit_on_an_evaluation_of_searchqa(tmp_path: Path, capsys) -> 
         assert c["reward_with"] == pytest.approx(stored[c["task_id"]]["reward"])  # greedy: the stored episode
         assert c["credit"] == pytest.approx(c["reward_with"])
     assert main(["credit", str(out), "--calls", "0"]) == 2  # a budget below 1 is refused
+    assert main(["credit", str(tmp_path)]) == 2  # neither an evaluation nor a run with one
+    assert "is neither an evaluation" in capsys.readouterr().err
 
 
 def test_the_shipped_credit_file_gives_the_table_results_md_shows() -> None:
