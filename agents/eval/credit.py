@@ -50,6 +50,7 @@ __all__ = [
     "NotReplayable",
     "ReplacedResult",
     "credit_episode",
+    "credit_episodes",
     "credit_run",
     "count_calls",
     "episode_calls",
@@ -143,7 +144,7 @@ class CreditReport:
     #: calls whose replay ended in an infrastructure failure
     infra_errors: int = 0
     episodes: int = 0
-    #: calls left out by the ``max_calls`` budget
+    #: calls not scored because the ``max_calls`` budget ran out
     left_out: int = 0
 
     def summary(self) -> dict[str, Any]:
@@ -454,13 +455,10 @@ async def credit_run(
         stop=tuple(stored.get("stop", ())),
     )
     report = CreditReport(source, settings.env_id, policy_name)
-    episodes = [t for track in settings.harnesses for t in run.trajectories.get(track, [])]
-    episodes = [t for t in episodes if t.status != "infra_error"]
-    if max_episodes is not None:
-        episodes = episodes[:max_episodes]
+    episodes = credit_episodes(run, max_episodes)
     total_calls = count_calls(episodes)
     budget = total_calls if max_calls is None else min(max_calls, total_calls)
-    report.left_out = total_calls - budget
+    unreplayable = 0  # calls of episodes that could not be replayed: neither scored nor left out
     env = make_env()
     try:
         for done, trajectory in enumerate(episodes, start=1):
@@ -482,6 +480,7 @@ async def credit_run(
                 report.not_replayable.append(
                     {"task_id": trajectory.task_id, "seed": trajectory.seed, "why": str(exc)}
                 )
+                unreplayable += count_calls([trajectory])
                 credits, infra = [], 0
             report.calls += credits
             report.infra_errors += infra
@@ -489,4 +488,13 @@ async def credit_run(
                 progress(done, len(episodes))
     finally:
         env.close()
+    report.left_out = total_calls - len(report.calls) - report.infra_errors - unreplayable
     return report
+
+
+def credit_episodes(run: EvalRun, max_episodes: int | None = None) -> list[Trajectory]:
+    """The episodes a credit pass replays: every track's, in the evaluation's order, infrastructure
+    failures left out (they have no reward to explain), the first ``max_episodes``."""
+    settings = run.settings
+    episodes = [t for track in settings.harnesses for t in run.trajectories.get(track, [])]
+    return [t for t in episodes if t.status != "infra_error"][:max_episodes]

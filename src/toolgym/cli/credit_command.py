@@ -8,6 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from toolgym.cli.eval_commands import add_allow_import
+
 __all__ = ["add_credit_command"]
 
 log = logging.getLogger("toolgym.credit")
@@ -34,12 +36,7 @@ def add_credit_command(sub: Any) -> None:
     p.add_argument("--calls", type=int, default=50, help="calls to score in all (two replays each)")
     p.add_argument("--device", default="cpu", help="where a transformers policy runs (cpu, cuda)")
     p.add_argument("--out", type=Path, default=None, help="write credit.json here (default: DIR)")
-    p.add_argument(
-        "--allow-import",
-        action="store_true",
-        help="build an environment the stored files name in module:id form, importing (running) that "
-        "module; only for a directory you trust",
-    )
+    add_allow_import(p)
     p.set_defaults(func=cmd_credit)
 
 
@@ -60,7 +57,7 @@ def _evaluation(source: Path) -> Path:
 
 
 def cmd_credit(args: argparse.Namespace) -> int:
-    from toolgym.agents.eval.credit import count_calls, credit_run
+    from toolgym.agents.eval.credit import CreditReport, count_calls, credit_episodes, credit_run
     from toolgym.agents.eval.reverify import refuse_stored_import
     from toolgym.agents.eval.runs import load_eval_run
     from toolgym.agents.policies.factory import policy_factory
@@ -75,13 +72,11 @@ def cmd_credit(args: argparse.Namespace) -> int:
     settings = run.settings
     if not args.allow_import:
         refuse_stored_import(str(path), settings.env_id, "--allow-import")
-    episodes = [t for track in settings.harnesses for t in run.trajectories.get(track, [])]
-    calls = count_calls(episodes[: args.episodes])
+    episodes = credit_episodes(run, args.episodes)
+    calls = count_calls(episodes)
     if not calls:
-        print(
-            f"{path}: no tool call with a result in its first {min(args.episodes, len(episodes))} episodes: nothing to credit"
-        )
-        print("| calls | n | mean credit | median | credit > 0 | credit < 0 |\n|---|---|---|---|---|---|")
+        print(f"{path}: no tool call with a result in its first {len(episodes)} episodes: nothing to credit")
+        print(CreditReport(str(path), settings.env_id, args.policy or settings.policy).table())
         return 0
     spec = args.policy or settings.policy
     factory = policy_factory(

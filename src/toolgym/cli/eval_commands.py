@@ -52,6 +52,16 @@ def parse_env_args(pairs: list[str], env_id: str | None = None) -> dict[str, Any
     return out
 
 
+def add_allow_import(parser: argparse.ArgumentParser) -> None:
+    """``--allow-import``: commands that rebuild an environment a stored file names (reverify, credit)."""
+    parser.add_argument(
+        "--allow-import",
+        action="store_true",
+        help="build environments the stored files name in module:id form, importing (running) that module; "
+        "only for a run directory you trust",
+    )
+
+
 def progress_bar() -> Any:
     """The commands' progress bar, on stderr (a ``rich.progress.Progress``, not yet started)."""
     from rich.console import Console

@@ -18,6 +18,7 @@ from typing import TypeAlias
 
 from toolgym.cli.credit_command import add_credit_command
 from toolgym.cli.eval_commands import (
+    add_allow_import,
     cmd_audit_env,
     cmd_compare,
     cmd_eval,
@@ -328,12 +329,7 @@ def _reverify_parser(sub: Commands) -> None:
     )
     p.add_argument("run_dir", type=Path, help="a `toolgym train --out` or `toolgym eval --out` directory")
     p.add_argument("--examples", type=int, default=5, help="changed episodes to show per source")
-    p.add_argument(
-        "--allow-import",
-        action="store_true",
-        help="build environments the stored files name in module:id form, importing (running) that module; "
-        "only for a run directory you trust",
-    )
+    add_allow_import(p)
     p.set_defaults(func=cmd_reverify)
 
 

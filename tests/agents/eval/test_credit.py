@@ -184,7 +184,13 @@ async def test_an_environment_that_answers_differently_on_replay_is_not_replayab
     stored = await episode(env)
     with pytest.raises(NotReplayable, match=r"part from the stored ones at token \d+"):
         await credit_episode(env, Reader(), stored, sampling=SamplingParams(512), max_total_tokens=4096)
-    report = CreditReport("toy", "toolgym-test/Secret", "reader")
+    settings = EvalSettings("toolgym-test/Secret", {}, ("bare",), ("s", "s"), (3, 3), 4096, "reader", {}, {})
+    run = EvalRun(None, settings, "complete", {"bare": [stored, stored]})
+    report = await credit_run(
+        run, lambda: SecretEnv(drift=True), Reader(), source="toy", policy_name="reader", max_calls=1
+    )
+    assert report.episodes == 2 and len(report.not_replayable) == 2  # the budget is spent on scored calls
+    assert report.left_out == 0, "calls of unreplayable episodes were tried, not left out by the budget"
     assert report.summary()["all"]["n"] == 0 and report.table().count("\n") == 1  # a header, no rows
 
 
